@@ -1,0 +1,115 @@
+"""LoRA adapters per layer type, projection and depth group, written as a stock peft LoraConfig.
+
+peft silently ignores pattern keys that match nothing, so every generated key is an exact module name
+and the wrapped model is checked module by module against the plan.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter, defaultdict
+
+from torch import nn
+
+from qft import layers as L
+from qft.errors import QftError
+
+
+def _rank(key, value):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise QftError(key, value, "an integer >= 0 (0 = no adapter)")
+
+
+def _alpha(key, value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise QftError(key, value, "a number > 0")
+
+
+FIELDS = {"r": _rank, "alpha": _alpha}
+
+
+def check(cfg, depth: int | None = None) -> None:
+    L.check_spec(cfg, "adapter", FIELDS, depth)
+    if not 0 <= cfg.dropout < 1:
+        raise QftError("adapter.dropout", cfg.dropout, "a number in [0, 1)")
+    if cfg.use_rslora not in (True, False):
+        raise QftError("adapter.use_rslora", cfg.use_rslora, "true or false")
+    for lt in L.LAYER_TYPES:
+        for f in FIELDS:
+            if (cfg.get(lt) or {}).get(f) is None:
+                raise QftError(f"adapter.{lt}.{f}", None, "required for every layer type")
+
+
+def plan(cfg, layers: list[L.Layer]) -> dict[str, dict]:
+    """Rank and alpha of every projection; rank 0 means the projection gets no adapter."""
+    return L.resolve(cfg, layers, FIELDS)
+
+
+def count(plan_: dict[str, dict], layers: list[L.Layer], depth_groups: dict | None = None) -> dict:
+    """Exact trainable parameters from shapes alone: r * (d_in + d_out) per adapted projection."""
+    by_type, by_proj, by_depth = defaultdict(int), defaultdict(int), defaultdict(int)
+    groups = depth_groups or L.depth_thirds(L.num_layers(layers))
+    by_group = {g: 0 for g in groups}
+    for layer in layers:
+        n = plan_[layer.name]["r"] * (layer.in_features + layer.out_features)
+        by_type[layer.layer_type] += n
+        by_proj[layer.proj] += n
+        by_depth[layer.depth] += n
+        for g, (lo, hi) in groups.items():
+            if lo <= layer.depth <= hi:
+                by_group[g] += n
+    return {"total": sum(by_type.values()), "per_layer_type": {lt: by_type[lt] for lt in L.LAYER_TYPES},
+            "per_projection": dict(by_proj), "per_depth_group": by_group,
+            "per_depth": [by_depth[d] for d in range(L.num_layers(layers))]}
+
+
+def lora_config(cfg, plan_: dict[str, dict]):
+    """A stock peft LoraConfig that gives each module exactly its planned rank and alpha."""
+    from peft import LoraConfig
+
+    targets = {n: s for n, s in plan_.items() if s["r"] > 0}
+    if not targets:
+        raise QftError("adapter", "all ranks 0", "at least one projection needs rank > 0")
+    r = Counter(s["r"] for s in targets.values()).most_common(1)[0][0]
+    alpha = Counter(s["alpha"] for s in targets.values()).most_common(1)[0][0]
+    return LoraConfig(
+        r=r, lora_alpha=alpha, lora_dropout=float(cfg.dropout), use_rslora=bool(cfg.use_rslora), bias="none",
+        task_type="CAUSAL_LM",
+        target_modules="|".join(re.escape(n) for n in targets),  # a string is full-matched by peft
+        rank_pattern={re.escape(n): s["r"] for n, s in targets.items() if s["r"] != r},
+        alpha_pattern={re.escape(n): s["alpha"] for n, s in targets.items() if s["alpha"] != alpha},
+    )
+
+
+def attach(model: nn.Module, cfg, layers: list[L.Layer]):
+    """Wrap the quantized model with peft; return it with its plan, after checking every module."""
+    from peft import get_peft_model
+
+    plan_ = plan(cfg, layers)
+    peft_model = get_peft_model(model, lora_config(cfg, plan_))
+    verify(peft_model, plan_, bool(cfg.use_rslora))
+    return peft_model, plan_
+
+
+def verify(peft_model, plan_: dict[str, dict], use_rslora: bool) -> None:
+    """Every module carries exactly the planned rank and scaling, and nothing else is trainable."""
+    base = peft_model.get_base_model()
+    for name, s in plan_.items():
+        module = base.get_submodule(name)
+        lora_a = getattr(module, "lora_A", None)
+        if s["r"] == 0:
+            if lora_a is not None and len(lora_a):
+                raise RuntimeError(f"{name}: planned rank 0 but peft attached an adapter")
+            continue
+        if lora_a is None or "default" not in lora_a:
+            raise RuntimeError(f"{name}: planned rank {s['r']} but peft attached no adapter")
+        r = lora_a["default"].out_features
+        scale = s["alpha"] / (math.sqrt(s["r"]) if use_rslora else s["r"])
+        if r != s["r"] or not math.isclose(module.scaling["default"], scale, rel_tol=1e-6):
+            raise RuntimeError(f"{name}: planned r={s['r']} scale={scale}, got r={r} scale={module.scaling['default']}")
+    expected = sum(s["r"] * (base.get_submodule(n).in_features + base.get_submodule(n).out_features)
+                   for n, s in plan_.items())
+    trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
+    if trainable != expected:
+        raise RuntimeError(f"trainable parameters {trainable} != planned {expected}")

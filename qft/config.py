@@ -1,0 +1,35 @@
+"""Validate the whole composed config before anything heavy runs.
+
+Each config group's module owns its own checks; this only calls them in order, so a bad value fails in
+milliseconds with one line naming the key, and the depth-dependent checks run again once the model's
+depth is known (from its config, before any weight is read).
+"""
+
+from __future__ import annotations
+
+from qft import adapter, data, quant, train
+from qft.errors import QftError
+
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def device(cfg) -> str:
+    import torch
+
+    if cfg.device not in DEVICES:
+        raise QftError("device", cfg.device, f"allowed: {', '.join(DEVICES)}")
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise QftError("device", "cuda", "no CUDA device is visible; use device=cpu or device=auto")
+    return ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
+
+
+def validate(cfg, depth: int | None = None) -> str:
+    """Raise QftError on the first bad value; return the device the run will use."""
+    dev = device(cfg)
+    if isinstance(cfg.seed, bool) or not isinstance(cfg.seed, int):
+        raise QftError("seed", cfg.seed, "an integer")
+    quant.check(cfg.quant, depth)
+    adapter.check(cfg.adapter, depth)
+    data.check(cfg.data)
+    train.check(cfg.train, dev)
+    return dev

@@ -1,0 +1,13 @@
+"""The one error type a user can fix: bad config, model path or data.
+
+The CLI turns it into one line on stderr and exit status 2; every other exception is a bug and keeps
+its traceback.
+"""
+
+
+class QftError(Exception):
+    """A user-fixable problem, named by the config key it concerns."""
+
+    def __init__(self, key: str, value, allowed: str):
+        self.key, self.value, self.allowed = key, value, allowed
+        super().__init__(f"{key}={value!r}: {allowed}")

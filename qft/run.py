@@ -1,0 +1,86 @@
+"""One QLoRA fine-tune, top to bottom: config -> validate -> base -> quantize -> adapters -> data ->
+train -> evaluate -> result record."""
+
+from __future__ import annotations
+
+import random
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from qft import adapter, config, data, evaluate, layers, model, quant, record, train
+from qft.errors import QftError
+
+
+def run(cfg, run_dir: Path) -> dict:
+    """Run one fine-tune and write its record; a failure is recorded with its reason, then re-raised."""
+    started = time.time()
+    rec = {"schema": record.SCHEMA, "status": "running", "config": record.resolved(cfg),
+           "config_hash": record.config_hash(cfg), "seed": cfg.seed, "versions": record.versions()}
+    try:
+        rec.update(_run(cfg, run_dir, rec["config_hash"]))
+    except BaseException as e:
+        rec.update(status="failed", error=f"{type(e).__name__}: {e}", wall_seconds=time.time() - started)
+        if not isinstance(e, QftError):
+            rec["traceback"] = traceback.format_exc(limit=20)
+        record.write(run_dir, rec)
+        raise
+    rec["wall_seconds"] = time.time() - started
+    record.write(run_dir, rec)
+    return rec
+
+
+def _run(cfg, run_dir: Path, config_hash: str) -> dict:
+    device = torch.device(config.validate(cfg))
+    source = model.resolve(cfg.model, cfg.cache_dir)
+    config.validate(cfg, depth=source.num_layers)
+    tokenizer = model.load_tokenizer(source)
+    task = data.prepare(cfg.data, tokenizer, cfg.cache_dir)
+
+    random.seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    t_load = time.time()
+    net = model.load(source)
+    projections = layers.classify(net, source.model_type)
+    bits = quant.quantize(net, cfg.quant, projections, device)
+    base_bytes = quant.base_bytes(net, projections)
+    net, plan = adapter.attach(net, cfg.adapter, projections)
+    depth_groups = {g: tuple(v["layers"]) for g, v in (cfg.adapter.depth_groups or {}).items()} or None
+    params = adapter.count(plan, projections, depth_groups)
+    load_seconds = time.time() - t_load
+
+    dtype = model.DTYPES[cfg.quant.compute_dtype]
+
+    def acc(split: str) -> float:
+        return evaluate.accuracy(net, task, split, tokenizer, cfg.train.eval_batch_size, dtype)
+
+    zero_shot = {s: acc(s) for s in ("val", "test")} if cfg.train.zero_shot else None
+    history = train.train(net, task, cfg.train, run_dir, dtype, tokenizer.pad_token_id, cfg.seed, config_hash,
+                          evaluate=acc)
+    out = {
+        "trainable_params": params,
+        "base_bytes": base_bytes,
+        "quant_per_module": {n: quant.describe(net.get_base_model().get_submodule(n).base_layer) for n in bits},
+        "data": {"task": task.kind, "labels": task.label_words, "cache_key": task.cache_key,
+                 "sizes": {s: len(v.prompts) for s, v in task.splits.items()}},
+        "zero_shot_accuracy": zero_shot,
+        "loss_curve": history.loss,
+        "val_curve": history.val_accuracy,
+        "steps": history.step,
+        "train_tokens": history.train_tokens,
+        "train_tokens_per_second": history.train_tokens / max(history.train_seconds, 1e-9),
+        "train_seconds": history.train_seconds,
+        "load_seconds": load_seconds,
+        "device": str(device),
+    }
+    if not history.completed:
+        out.update(status="incomplete", memory=record.peak_memory(device))
+        return out
+    out["final_accuracy"] = {s: acc(s) for s in ("val", "test")}
+    net.save_pretrained(run_dir / "adapter", safe_serialization=True)
+    out.update(status="ok", adapter_dir=str(run_dir / "adapter"), memory=record.peak_memory(device))
+    return out

@@ -1,0 +1,223 @@
+"""The training loop: answer-only loss, AdamW, warmup + decay, accumulation, clipping, checkpoints, resume.
+
+A plain loop rather than the HF Trainer, because the pipeline offloader and the speed work need to own
+each step. Batches are a pure function of (seed, step), and a checkpoint holds the adapter, optimizer,
+scheduler and RNG state, so a killed run resumed from its last checkpoint ends at the same weights.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from tqdm.auto import tqdm
+
+from qft.data import Task, batch
+from qft.errors import QftError
+from qft.model import autocast, device_of
+
+OPTIMIZERS = ("adamw", "adamw8bit", "paged_adamw8bit")
+SCHEDULES = ("cosine", "linear", "constant")
+
+
+def _int_at_least(key, value, low):
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise QftError(key, value, f"an integer >= {low}")
+
+
+def check(cfg, device: str) -> None:
+    _int_at_least("train.steps", cfg.steps, 1)
+    _int_at_least("train.batch_size", cfg.batch_size, 1)
+    _int_at_least("train.grad_accum", cfg.grad_accum, 1)
+    _int_at_least("train.eval_batch_size", cfg.eval_batch_size, 1)
+    for key in ("warmup_steps", "eval_every", "checkpoint_every"):
+        _int_at_least(f"train.{key}", cfg[key], 0)
+    if not (isinstance(cfg.lr, (int, float)) and cfg.lr > 0):
+        raise QftError("train.lr", cfg.lr, "a number > 0")
+    if cfg.optimizer not in OPTIMIZERS:
+        raise QftError("train.optimizer", cfg.optimizer, f"allowed: {', '.join(OPTIMIZERS)}")
+    if cfg.optimizer != "adamw" and device != "cuda":
+        raise QftError("train.optimizer", cfg.optimizer, "8-bit and paged AdamW need CUDA; on CPU use adamw")
+    if cfg.schedule not in SCHEDULES:
+        raise QftError("train.schedule", cfg.schedule, f"allowed: {', '.join(SCHEDULES)}")
+    if cfg.stop_after_steps is not None:
+        _int_at_least("train.stop_after_steps", cfg.stop_after_steps, 1)
+
+
+@dataclass
+class History:
+    loss: list = field(default_factory=list)  # [step, mean answer-token loss]
+    val_accuracy: list = field(default_factory=list)  # [step, accuracy]
+    train_tokens: int = 0
+    train_seconds: float = 0.0
+    completed: bool = False
+    step: int = 0
+
+
+def _optimizer(cfg, params):
+    kwargs = dict(lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.999))
+    if cfg.optimizer == "adamw":
+        return torch.optim.AdamW(params, **kwargs)
+    import bitsandbytes as bnb
+
+    return (bnb.optim.AdamW8bit if cfg.optimizer == "adamw8bit" else bnb.optim.PagedAdamW8bit)(params, **kwargs)
+
+
+def lr_factor(cfg, step: int) -> float:
+    """Linear warmup, then cosine or linear decay to zero at `steps` (or constant)."""
+    if step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    if cfg.schedule == "constant":
+        return 1.0
+    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    return 0.5 * (1 + math.cos(math.pi * progress)) if cfg.schedule == "cosine" else 1 - progress
+
+
+def micro_batch_indices(n: int, batch_size: int, micro_step: int, seed: int) -> list[int]:
+    """Micro-batch number `micro_step` of a seeded epoch-by-epoch shuffle: a pure function, so resume needs no state."""
+    bs = min(batch_size, n)
+    per_epoch = n // bs
+    epoch, j = divmod(micro_step, per_epoch)
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
+    return perm[j * bs:(j + 1) * bs].tolist()
+
+
+def answer_loss(model, prompts, answers, pad_id: int, dtype: torch.dtype):
+    """Summed cross-entropy over the answer tokens only, and their count.
+
+    Sequences are left-padded, so every answer ends at the last column and only the last k+1 positions
+    need logits: the 49k-word head is not run over the prompt.
+    """
+    dev = device_of(model)
+    ids, mask, pos = (t.to(dev) for t in batch([p + a for p, a in zip(prompts, answers)], pad_id))
+    k = max(map(len, answers))
+    with autocast(dev, dtype):
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=k + 1).logits[:, :-1]
+    lengths = torch.tensor([len(a) for a in answers], device=dev)
+    valid = torch.arange(k, device=dev)[None, :] >= (k - lengths)[:, None]
+    loss = torch.nn.functional.cross_entropy(logits.float()[valid], ids[:, -k:][valid], reduction="sum")
+    return loss, int(valid.sum()), int(mask.sum())
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+def _atomic(path: Path, write) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    os.close(fd)
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def save_checkpoint(folder: Path, model, opt, sched, history: History, config_hash: str) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    step = history.step
+    trainable = {n: p.detach().cpu().contiguous() for n, p in model.named_parameters() if p.requires_grad}
+    state = opt.state_dict()
+    tensors, scalars = {"rng.torch": torch.get_rng_state()}, {}
+    for i, st in state["state"].items():
+        for k, v in st.items():
+            if isinstance(v, torch.Tensor):
+                tensors[f"state.{i}.{k}"] = v.detach().cpu().contiguous()
+            else:
+                scalars[f"{i}.{k}"] = v
+    _atomic(folder / f"trainable-{step}.safetensors", lambda p: save_file(trainable, p))
+    _atomic(folder / f"optimizer-{step}.safetensors", lambda p: save_file(tensors, p))
+    meta = {"step": step, "config_hash": config_hash, "param_groups": state["param_groups"], "scalars": scalars,
+            "scheduler": sched.state_dict(), "history": history.__dict__}
+    _atomic(folder / "meta.json", lambda p: Path(p).write_text(json.dumps(meta)))
+    for old in folder.glob("*-*.safetensors"):  # meta.json now points at this step
+        if not old.stem.endswith(f"-{step}"):
+            old.unlink(missing_ok=True)
+
+
+def load_checkpoint(folder: Path, model, opt, sched, config_hash: str) -> History | None:
+    meta_path = folder / "meta.json"
+    if not meta_path.exists():
+        return None
+    meta = json.loads(meta_path.read_text())
+    if meta["config_hash"] != config_hash:
+        raise QftError("train.resume", True, f"the checkpoint in {folder} belongs to another config "
+                                             f"({meta['config_hash'][:12]}); use a fresh run directory")
+    step = meta["step"]
+    trainable = load_file(folder / f"trainable-{step}.safetensors")
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for n, t in trainable.items():
+            params[n].copy_(t)
+    tensors = load_file(folder / f"optimizer-{step}.safetensors")
+    state: dict = {}
+    for key, v in tensors.items():
+        if key.startswith("state."):
+            _, i, k = key.split(".", 2)
+            state.setdefault(int(i), {})[k] = v
+    for key, v in meta["scalars"].items():
+        i, k = key.split(".", 1)
+        state.setdefault(int(i), {})[k] = v
+    opt.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+    sched.load_state_dict(meta["scheduler"])
+    torch.set_rng_state(tensors["rng.torch"])
+    return History(**meta["history"])
+
+
+# --------------------------------------------------------------------------- the loop
+
+def train(model, task: Task, cfg, run_dir: Path, dtype: torch.dtype, pad_id: int, seed: int,
+          config_hash: str, evaluate=None) -> History:
+    """Fine-tune the trainable (adapter) parameters; `evaluate(split)` is called every `eval_every` steps."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = _optimizer(cfg, params)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(cfg, s))
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    ckpt = run_dir / "checkpoint"
+    history = (load_checkpoint(ckpt, model, opt, sched, config_hash) if cfg.resume else None) or History()
+    split = task.splits["train"]
+    n = len(split.prompts)
+    model.train()
+    bar = tqdm(total=cfg.steps, initial=history.step, desc="train", dynamic_ncols=True,
+               disable=os.environ.get("QFT_PROGRESS", "1") == "0")
+    started_at = history.step
+    while history.step < cfg.steps:
+        t0 = time.perf_counter()
+        micro = [micro_batch_indices(n, cfg.batch_size, history.step * cfg.grad_accum + a, seed)
+                 for a in range(cfg.grad_accum)]
+        n_answer = sum(len(split.answers[i]) for idx in micro for i in idx)
+        total, tokens = 0.0, 0
+        for idx in micro:
+            loss, _, seq_tokens = answer_loss(model, [split.prompts[i] for i in idx],
+                                              [split.answers[i] for i in idx], pad_id, dtype)
+            (loss / n_answer).backward()
+            total += loss.item()
+            tokens += seq_tokens
+        mean = total / n_answer
+        if not math.isfinite(mean):
+            raise FloatingPointError(f"loss is {mean} at step {history.step + 1}")
+        if cfg.max_grad_norm:
+            torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        history.step += 1
+        history.loss.append([history.step, mean])
+        history.train_tokens += tokens
+        history.train_seconds += time.perf_counter() - t0
+        bar.update(1)
+        bar.set_postfix(loss=f"{mean:.4f}", tok_s=f"{history.train_tokens / history.train_seconds:.0f}")
+        last = history.step == cfg.steps
+        if evaluate and cfg.eval_every and history.step % cfg.eval_every == 0 and not last:
+            history.val_accuracy.append([history.step, evaluate("val")])
+        stop = cfg.stop_after_steps and history.step - started_at >= cfg.stop_after_steps and not last
+        if stop or (cfg.checkpoint_every and history.step % cfg.checkpoint_every == 0 and not last):
+            save_checkpoint(ckpt, model, opt, sched, history, config_hash)
+        if stop:
+            break
+    bar.close()
+    history.completed = history.step == cfg.steps
+    return history
