@@ -30,7 +30,7 @@ FIELDS = {"r": _rank, "alpha": _alpha}
 
 
 def check(cfg, depth: int | None = None) -> None:
-    L.check_spec(cfg, "adapter", FIELDS, depth)
+    L.check_spec(cfg, "adapter", FIELDS, depth, other_keys=("dropout", "use_rslora"))
     if not 0 <= cfg.dropout < 1:
         raise QftError("adapter.dropout", cfg.dropout, "a number in [0, 1)")
     if cfg.use_rslora not in (True, False):
@@ -47,9 +47,12 @@ def plan(cfg, layers: list[L.Layer]) -> dict[str, dict]:
 
 
 def count(plan_: dict[str, dict], layers: list[L.Layer], depth_groups: dict | None = None) -> dict:
-    """Exact trainable parameters from shapes alone: r * (d_in + d_out) per adapted projection."""
+    """Exact trainable parameters from shapes alone: r * (d_in + d_out) per adapted projection.
+
+    Depth groups are the shallow/middle/deep thirds plus any the config names.
+    """
     by_type, by_proj, by_depth = defaultdict(int), defaultdict(int), defaultdict(int)
-    groups = depth_groups or L.depth_thirds(L.num_layers(layers))
+    groups = {**L.depth_thirds(L.num_layers(layers)), **(depth_groups or {})}
     by_group = {g: 0 for g in groups}
     for layer in layers:
         n = plan_[layer.name]["r"] * (layer.in_features + layer.out_features)

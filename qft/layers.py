@@ -71,11 +71,16 @@ def num_layers(layers: list[Layer]) -> int:
     return max(layer.depth for layer in layers) + 1
 
 
-def check_spec(spec, group: str, fields: dict, depth: int | None = None) -> None:
+def check_spec(spec, group: str, fields: dict, depth: int | None = None, other_keys: tuple = ()) -> None:
     """Check a per-layer-type spec (`attn`, `mlp`, `projections`, `depth_groups`) before anything loads.
 
-    `fields` maps each allowed setting to a checker `(key, value) -> None` that raises QftError.
+    `fields` maps each allowed setting to a checker `(key, value) -> None` that raises QftError;
+    `other_keys` are the group's own settings, checked by its module.
     """
+    allowed = (*LAYER_TYPES, "projections", "depth_groups", *other_keys)
+    for key in spec:
+        if key not in allowed:
+            raise QftError(f"{group}.{key}", spec[key], f"unknown layer type or setting; allowed: {', '.join(allowed)}")
     def check_fields(entry, key, extra=()):
         if entry is None:
             return

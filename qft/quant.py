@@ -44,7 +44,7 @@ DEFAULTS = {"bits": 4, "quant_type": "nf4", "double_quant": True, "block_size": 
 def check(cfg, depth: int | None = None) -> None:
     if cfg.compute_dtype not in DTYPES:
         raise QftError("quant.compute_dtype", cfg.compute_dtype, f"allowed: {', '.join(DTYPES)}")
-    L.check_spec(cfg, "quant", FIELDS, depth)
+    L.check_spec(cfg, "quant", FIELDS, depth, other_keys=("compute_dtype",))
 
 
 def plan(cfg, layers: list[L.Layer]) -> dict[str, dict]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +34,32 @@ def run(cfg, run_dir: Path) -> dict:
     return rec
 
 
+@dataclass
+class Built:
+    """The quantized, adapter-wrapped model and what was planned for each projection."""
+
+    model: object
+    projections: list
+    bits: dict
+    plan: dict
+    params: dict
+    base_bytes: dict
+
+
+def build(cfg, source: model.Source, device: torch.device) -> Built:
+    """Seed, load the base, quantize it per layer type and attach the adapters per layer type."""
+    random.seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    net = model.load(source)
+    projections = layers.classify(net, source.model_type)
+    bits = quant.quantize(net, cfg.quant, projections, device)
+    base_bytes = quant.base_bytes(net, projections)
+    net, plan = adapter.attach(net, cfg.adapter, projections)
+    depth_groups = {g: tuple(v["layers"]) for g, v in (cfg.adapter.depth_groups or {}).items()} or None
+    return Built(net, projections, bits, plan, adapter.count(plan, projections, depth_groups), base_bytes)
+
+
 def _run(cfg, run_dir: Path, config_hash: str) -> dict:
     device = torch.device(config.validate(cfg))
     source = model.resolve(cfg.model, cfg.cache_dir)
@@ -40,17 +67,9 @@ def _run(cfg, run_dir: Path, config_hash: str) -> dict:
     tokenizer = model.load_tokenizer(source)
     task = data.prepare(cfg.data, tokenizer, cfg.cache_dir)
 
-    random.seed(cfg.seed)
-    np.random.seed(cfg.seed)
-    torch.manual_seed(cfg.seed)
     t_load = time.time()
-    net = model.load(source)
-    projections = layers.classify(net, source.model_type)
-    bits = quant.quantize(net, cfg.quant, projections, device)
-    base_bytes = quant.base_bytes(net, projections)
-    net, plan = adapter.attach(net, cfg.adapter, projections)
-    depth_groups = {g: tuple(v["layers"]) for g, v in (cfg.adapter.depth_groups or {}).items()} or None
-    params = adapter.count(plan, projections, depth_groups)
+    built = build(cfg, source, device)
+    net = built.model
     load_seconds = time.time() - t_load
 
     dtype = model.DTYPES[cfg.quant.compute_dtype]
@@ -62,9 +81,10 @@ def _run(cfg, run_dir: Path, config_hash: str) -> dict:
     history = train.train(net, task, cfg.train, run_dir, dtype, tokenizer.pad_token_id, cfg.seed, config_hash,
                           evaluate=acc)
     out = {
-        "trainable_params": params,
-        "base_bytes": base_bytes,
-        "quant_per_module": {n: quant.describe(net.get_base_model().get_submodule(n).base_layer) for n in bits},
+        "trainable_params": built.params,
+        "base_bytes": built.base_bytes,
+        "quant_per_module": {n: quant.describe(net.get_base_model().get_submodule(n).base_layer)
+                             for n in built.bits},
         "data": {"task": task.kind, "labels": task.label_words, "cache_key": task.cache_key,
                  "sizes": {s: len(v.prompts) for s, v in task.splits.items()}},
         "zero_shot_accuracy": zero_shot,

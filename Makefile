@@ -1,0 +1,13 @@
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: run test setup
+run: $(VENV)/.installed      ## set up, then one fine-tune on the defaults (SmolLM2-135M, NF4, BBC News)
+	$(PY) -m qft
+
+test: $(VENV)/.installed     ## set up, then the test suite
+	$(PY) -m pytest -q
+
+setup: $(VENV)/.installed
+$(VENV)/.installed: pyproject.toml scripts/setup.sh
+	bash scripts/setup.sh $(VENV)

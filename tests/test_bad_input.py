@@ -1,0 +1,82 @@
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from qft import record, run
+from qft.errors import QftError
+from conftest import TINY_DATA, make_cfg
+
+ROOT = Path(__file__).resolve().parent.parent
+
+CASES = [
+    ("adapter.attn.r=-1", "adapter.attn.r"),
+    ("adapter.mlp.r=2.5", "adapter.mlp.r"),
+    ("adapter.mlp.alpha=0", "adapter.mlp.alpha"),
+    ("adapter.dropout=1.5", "adapter.dropout"),
+    ("+adapter.conv={r:4,alpha:8}", "adapter.conv"),
+    ("+adapter.projections.qkv_proj={r:4}", "adapter.projections.qkv_proj"),
+    ("+adapter.attn.rank=4", "adapter.attn.rank"),
+    ("+adapter.depth_groups.deep={layers:[2,40],r:4}", "adapter.depth_groups.deep.layers"),
+    ("+adapter.depth_groups.deep={layers:[3,1],r:4}", "adapter.depth_groups.deep.layers"),
+    ("+quant.depth_groups.top={layers:[0,4],bits:8}", "quant.depth_groups.top.layers"),
+    ("quant.attn.bits=3", "quant.attn.bits"),
+    ("quant.mlp.quant_type=int4", "quant.mlp.quant_type"),
+    ("quant.mlp.block_size=100", "quant.mlp.block_size"),
+    ("quant.compute_dtype=fp8", "quant.compute_dtype"),
+    ("train.optimizer=adamw8bit", "train.optimizer"),
+    ("train.lr=-1", "train.lr"),
+    ("device=tpu", "device"),
+    ("data.source=imdb", "data.source"),
+    ("data.max_length=20", "data.max_length"),
+    ("model.path=/nonexistent/model", "model.path"),
+]
+
+
+@pytest.mark.parametrize("override,key", CASES)
+def test_bad_config_names_the_key_and_records_failure(tmp_path, override, key):
+    cfg = make_cfg(*TINY_DATA, "train.steps=1", override)
+    with pytest.raises(QftError) as e:
+        run.run(cfg, tmp_path)
+    assert e.value.key == key
+    assert str(e.value).startswith(f"{key}=") and "\n" not in str(e.value)
+    rec = record.read(tmp_path)
+    assert rec["status"] == "failed" and key in rec["error"]
+
+
+def test_corrupt_model_files_get_a_clear_error(tmp_path):
+    gguf = tmp_path / "broken.gguf"
+    gguf.write_bytes(b"GGUF" + b"\0" * 100)
+    with pytest.raises(QftError) as e:
+        run.run(make_cfg(f"model.path={gguf}", tiny=False), tmp_path / "a")
+    assert e.value.key == "model.path" and "GGUF" in str(e.value)
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+                                                     "num_attention_heads": 4, "intermediate_size": 128,
+                                                     "vocab_size": 49152}))
+    (folder / "model.safetensors").write_bytes(b"not a safetensors file")
+    cfg = make_cfg(f"model.path={folder}", *TINY_DATA, tiny=False)
+    with pytest.raises(QftError) as e:
+        run.run(cfg, tmp_path / "b")
+    assert e.value.key == "model.path"
+
+
+def cli(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "qft", *args, f"hydra.run.dir={cwd}"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_cli_exits_2_with_one_line(tmp_path):
+    res = cli("model=tiny_llama", "adapter.attn.r=-3", cwd=tmp_path)
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines() == ["qft: error: adapter.attn.r=-3: an integer >= 0 (0 = no adapter)"]
+    assert json.loads((tmp_path / "result.json").read_text())["status"] == "failed"
+
+
+def test_cli_bad_data_path_exits_2(tmp_path):
+    res = cli("model=tiny_llama", "data=local", "data.path=/no/such.csv", cwd=tmp_path)
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines()[-1].startswith("qft: error: data.path='/no/such.csv'")

@@ -1,0 +1,92 @@
+import torch
+
+from qft import data, evaluate, model, record, run, train
+from conftest import TINY_DATA, build, make_cfg
+
+
+def trained_looking(built):
+    with torch.no_grad():
+        for n, p in built.model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(std=0.2)
+    return built.model
+
+
+def test_answer_loss_matches_full_sequence_reference():
+    _, _, built = build("quant.compute_dtype=fp32", "adapter.dropout=0.0")
+    net = trained_looking(built).eval()
+    prompts = [[5, 6, 7, 8, 9], [11, 12, 13], [20, 21, 22, 23]]
+    answers = [[100], [200, 201, 202], [300, 301]]
+    loss, n, _ = train.answer_loss(net, prompts, answers, 2, torch.float32)
+    ref, count = 0.0, 0
+    for p, a in zip(prompts, answers):  # one unpadded sequence at a time, HF's own shifted loss
+        ids = torch.tensor([p + a])
+        labels = torch.tensor([[-100] * len(p) + a])
+        out = net(input_ids=ids, labels=labels)
+        ref += out.loss.item() * len(a)
+        count += len(a)
+    assert n == count == 6
+    assert abs(loss.item() - ref) < 1e-4 * ref
+
+
+def test_scores_do_not_depend_on_padding_or_batching(tokenizer):
+    _, _, built = build("quant.compute_dtype=fp32", "adapter.dropout=0.0")
+    net = trained_looking(built).eval()
+    prompts = [[1, 5, 9, 33, 41, 7], [1, 8], [1, 4, 4, 2000, 19]]
+    labels = [[24406], [293, 1327, 358], [99, 773]]  # business, entertainment (3 tokens), sport (2)
+    batched = evaluate.label_scores(net, prompts, labels, 2, 8, torch.float32)
+    single = torch.cat([evaluate.label_scores(net, [p], labels, 2, 1, torch.float32) for p in prompts])
+    assert torch.allclose(batched, single, atol=1e-4)
+    # the KV-cache scoring of multi-token words equals a plain forward over prompt + word
+    for i, p in enumerate(prompts):
+        for c, word in enumerate(labels):
+            logits = net(input_ids=torch.tensor([p + word])).logits[0].float().log_softmax(-1)
+            want = sum(logits[len(p) - 1 + j, t] for j, t in enumerate(word))
+            assert abs(batched[i, c].item() - want.item()) < 1e-4
+
+
+def test_micro_batches_are_a_seeded_pure_function_of_the_step():
+    n, bs = 10, 4
+    epoch0 = [train.micro_batch_indices(n, bs, s, 3) for s in range(2)]
+    assert len(set(epoch0[0]) | set(epoch0[1])) == 8
+    assert train.micro_batch_indices(n, bs, 1, 3) == epoch0[1]
+    assert train.micro_batch_indices(n, bs, 1, 4) != epoch0[1]
+
+
+def test_lr_schedule():
+    cfg = make_cfg("train.steps=20", "train.warmup_steps=4").train
+    f = [train.lr_factor(cfg, s) for s in range(20)]
+    assert f[:4] == [0.25, 0.5, 0.75, 1.0] and f[4] == 1.0 and f[-1] < 0.01
+    assert all(a >= b for a, b in zip(f[4:], f[5:]))
+
+
+RUN = ["train.steps=6", "train.batch_size=4", "train.grad_accum=2", "train.eval_every=0", "train.checkpoint_every=2",
+       "train.zero_shot=false", "adapter.dropout=0.1", *TINY_DATA]
+
+
+def test_resume_continues_a_killed_run_to_the_same_result(tmp_path):
+    straight = run.run(make_cfg(*RUN), tmp_path / "a")
+    first = run.run(make_cfg(*RUN, "train.stop_after_steps=3"), tmp_path / "b")
+    assert first["status"] == "incomplete" and first["steps"] == 3
+    assert record.read(tmp_path / "b")["status"] == "incomplete"
+    resumed = run.run(make_cfg(*RUN, "train.resume=true"), tmp_path / "b")
+    assert resumed["status"] == "ok" and resumed["config_hash"] == straight["config_hash"]
+    assert resumed["loss_curve"] == straight["loss_curve"]
+    from safetensors.torch import load_file
+    a = load_file(tmp_path / "a" / "adapter" / "adapter_model.safetensors")
+    b = load_file(tmp_path / "b" / "adapter" / "adapter_model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_record_is_complete(tmp_path):
+    rec = run.run(make_cfg(*RUN), tmp_path)
+    assert record.read(tmp_path) == rec
+    for key in ("config", "config_hash", "status", "trainable_params", "base_bytes", "zero_shot_accuracy",
+                "final_accuracy", "loss_curve", "train_tokens_per_second", "wall_seconds", "memory", "seed", "versions"):
+        assert key in rec, key
+    assert rec["status"] == "ok" and len(rec["loss_curve"]) == 6
+    assert set(rec["final_accuracy"]) == {"val", "test"}
+    assert rec["memory"]["peak_rss_bytes"] > 100 * 2**20
+    assert rec["versions"]["peft"] and rec["versions"]["bitsandbytes"]
+    from peft import PeftConfig
+    assert PeftConfig.from_pretrained(rec["adapter_dir"]).peft_type == "LORA"
