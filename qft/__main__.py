@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -28,5 +29,19 @@ def main(cfg) -> float | None:
     return (rec.get("final_accuracy") or {}).get("val")
 
 
+def cli() -> None:
+    """Hydra's own config errors (an unknown option, a typo'd key) also end in one line and status 2."""
+    os.environ.setdefault("HYDRA_FULL_ERROR", "1")  # let them reach us instead of Hydra's exit(1)
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        main()
+    except (HydraException, OmegaConfBaseException) as e:
+        text = str(e).split("Config search path")[0]  # Hydra appends its search path: noise here
+        print("qft: error: " + " ".join(line.strip() for line in text.splitlines() if line.strip()), file=sys.stderr)
+        sys.exit(2)
+
+
 if __name__ == "__main__":
-    main()
+    cli()

@@ -25,6 +25,11 @@ def device(cfg) -> str:
 
 def validate(cfg, depth: int | None = None) -> str:
     """Raise QftError on the first bad value; return the device the run will use."""
+    from omegaconf import OmegaConf
+
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        raise QftError(missing[0], "???", "required: set it on the command line")
     dev = device(cfg)
     if isinstance(cfg.seed, bool) or not isinstance(cfg.seed, int):
         raise QftError("seed", cfg.seed, "an integer")

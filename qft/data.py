@@ -91,9 +91,7 @@ def _drug_reviews(cfg):
 
 def _local(cfg):
     """Any CSV / JSON / JSONL file with a text and a label column, read with `datasets`."""
-    path = Path(os.path.expanduser(str(cfg.path or "")))
-    if not cfg.path or not path.is_file():
-        raise QftError("data.path", cfg.path, "an existing .csv, .json or .jsonl file")
+    path = Path(os.path.expanduser(str(cfg.path)))
     kind = {".csv": "csv", ".json": "json", ".jsonl": "json", ".tsv": "csv"}.get(path.suffix)
     if kind is None:
         raise QftError("data.path", str(path), "allowed file types: .csv, .tsv, .json, .jsonl")
@@ -136,6 +134,8 @@ def check(cfg) -> None:
         raise QftError("data.source", cfg.source, f"allowed: {', '.join(SOURCES)}")
     if cfg.task not in TASKS:
         raise QftError("data.task", cfg.task, f"allowed: {', '.join(TASKS)}")
+    if cfg.source == "local" and not (cfg.path and Path(os.path.expanduser(str(cfg.path))).is_file()):
+        raise QftError("data.path", cfg.path, "an existing .csv, .tsv, .json or .jsonl file")
     if cfg.task == "instruction" and cfg.source != "local":
         raise QftError("data.task", cfg.task, "instruction data comes from a local file (data.source=local)")
     for key in ("train_size", "val_size", "test_size"):

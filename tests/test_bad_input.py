@@ -32,6 +32,7 @@ CASES = [
     ("data.source=imdb", "data.source"),
     ("data.max_length=20", "data.max_length"),
     ("model.path=/nonexistent/model", "model.path"),
+    ("data=local", "data.path"),
 ]
 
 
@@ -80,3 +81,12 @@ def test_cli_bad_data_path_exits_2(tmp_path):
     res = cli("model=tiny_llama", "data=local", "data.path=/no/such.csv", cwd=tmp_path)
     assert res.returncode == 2
     assert res.stderr.strip().splitlines()[-1].startswith("qft: error: data.path='/no/such.csv'")
+
+
+@pytest.mark.parametrize("args,needle", [(["model=gpt5"], "Could not find 'model/gpt5'"),
+                                         (["adapter.attn.rnk=4"], "adapter.attn.rnk")])
+def test_cli_hydra_errors_exit_2_with_one_line(tmp_path, args, needle):
+    res = cli(*args, cwd=tmp_path)
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("qft: error: ") and needle in lines[0]
