@@ -90,3 +90,16 @@ def test_record_is_complete(tmp_path):
     assert rec["versions"]["peft"] and rec["versions"]["bitsandbytes"]
     from peft import PeftConfig
     assert PeftConfig.from_pretrained(rec["adapter_dir"]).peft_type == "LORA"
+
+
+def test_instruction_data_trains_and_scores_by_exact_match(tmp_path):
+    import json
+
+    f = tmp_path / "alpaca.jsonl"
+    f.write_text("".join(json.dumps({"instruction": "Repeat the word.", "input": w, "output": w}) + "\n"
+                         for w in (f"{a}{b}" for a in ["red", "blue", "tall", "old"] for b in "abcdefgh")))
+    rec = run.run(make_cfg("data=alpaca", f"data.path={f}", "data.train_size=16", "data.val_size=4",
+                           "data.test_size=4", "data.max_length=64", "train.steps=2", "train.batch_size=4",
+                           "train.eval_every=0", "train.checkpoint_every=0"), tmp_path / "run")
+    assert rec["status"] == "ok" and rec["data"]["task"] == "instruction"
+    assert rec["final_accuracy"]["test"] in (0.0, 0.25, 0.5, 0.75, 1.0)
