@@ -8,6 +8,7 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 
 from qft.errors import QftError
 
@@ -18,12 +19,21 @@ CONF = str(Path(__file__).resolve().parent.parent / "conf")
 def main(cfg) -> float | None:
     from qft.run import run
 
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    hc = HydraConfig.get()
+    run_dir = Path(hc.runtime.output_dir)
+    sweeping = hc.mode == RunMode.MULTIRUN
     try:
         rec = run(cfg, run_dir)
     except QftError as e:
         print(f"qft: error: {e}", file=sys.stderr)
+        if sweeping:  # recorded as failed; the other runs of the sweep go on
+            return None
         sys.exit(2)
+    except Exception as e:  # noqa: BLE001 - a sweep outlives one run's crash, which its record holds
+        if not sweeping:
+            raise
+        print(f"qft: run {run_dir} failed: {type(e).__name__}: {e}", file=sys.stderr)
+        return None
     print(f"qft: {rec['status']}: test accuracy {(rec.get('final_accuracy') or {}).get('test')} "
           f"(zero-shot {(rec.get('zero_shot_accuracy') or {}).get('test')}), record {run_dir / 'result.json'}")
     return (rec.get("final_accuracy") or {}).get("val")

@@ -86,10 +86,15 @@ def lora_config(cfg, plan_: dict[str, dict]):
 
 
 def attach(model: nn.Module, cfg, layers: list[L.Layer]):
-    """Wrap the quantized model with peft; return it with its plan, after checking every module."""
+    """Wrap the quantized model with peft; return it with its plan, after checking every module.
+
+    A plan with every rank 0 leaves the model unwrapped: the zero-budget point of a sweep.
+    """
     from peft import get_peft_model
 
     plan_ = plan(cfg, layers)
+    if not any(s["r"] for s in plan_.values()):
+        return model, plan_
     peft_model = get_peft_model(model, lora_config(cfg, plan_))
     verify(peft_model, plan_, bool(cfg.use_rslora))
     return peft_model, plan_

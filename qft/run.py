@@ -19,6 +19,11 @@ from qft.errors import QftError
 def run(cfg, run_dir: Path) -> dict:
     """Run one fine-tune and write its record; a failure is recorded with its reason, then re-raised."""
     started = time.time()
+    previous = record.read(run_dir)
+    if previous and previous.get("status") == "ok" and previous.get("config_hash") == record.config_hash(cfg) \
+            and not cfg.sweep.force:
+        print(f"qft: {run_dir} already holds an ok record of this config; skipped (sweep.force=true reruns it)")
+        return previous
     rec = {"schema": record.SCHEMA, "status": "running", "config": record.resolved(cfg),
            "config_hash": record.config_hash(cfg), "seed": cfg.seed, "versions": record.versions()}
     try:
@@ -77,13 +82,18 @@ def _run(cfg, run_dir: Path, config_hash: str) -> dict:
     def acc(split: str) -> float:
         return evaluate.accuracy(net, task, split, tokenizer, cfg.train.eval_batch_size, dtype)
 
-    zero_shot = {s: acc(s) for s in ("val", "test")} if cfg.train.zero_shot else None
-    history = train.train(net, task, cfg.train, run_dir, dtype, tokenizer.pad_token_id, cfg.seed, config_hash,
-                          evaluate=acc)
+    adapted = built.params["total"] > 0
+    zero_shot = {s: acc(s) for s in ("val", "test")} if cfg.train.zero_shot or not adapted else None
+    if adapted:
+        history = train.train(net, task, cfg.train, run_dir, dtype, tokenizer.pad_token_id, cfg.seed, config_hash,
+                              evaluate=acc)
+    else:  # no adapter anywhere: the untrained base is the result
+        history = train.History(completed=True)
+    base = net.get_base_model() if adapted else net
     out = {
         "trainable_params": built.params,
         "base_bytes": built.base_bytes,
-        "quant_per_module": {n: quant.describe(net.get_base_model().get_submodule(n).base_layer)
+        "quant_per_module": {n: quant.describe(getattr(base.get_submodule(n), "base_layer", base.get_submodule(n)))
                              for n in built.bits},
         "data": {"task": task.kind, "labels": task.label_words, "cache_key": task.cache_key,
                  "sizes": {s: len(v.prompts) for s, v in task.splits.items()}},
@@ -100,7 +110,9 @@ def _run(cfg, run_dir: Path, config_hash: str) -> dict:
     if not history.completed:
         out.update(status="incomplete", memory=record.peak_memory(device))
         return out
-    out["final_accuracy"] = {s: acc(s) for s in ("val", "test")}
-    net.save_pretrained(run_dir / "adapter", safe_serialization=True)
-    out.update(status="ok", adapter_dir=str(run_dir / "adapter"), memory=record.peak_memory(device))
+    out["final_accuracy"] = {s: acc(s) for s in ("val", "test")} if adapted else zero_shot
+    if adapted:
+        net.save_pretrained(run_dir / "adapter", safe_serialization=True)
+    out.update(status="ok", adapter_dir=str(run_dir / "adapter") if adapted else None,
+               memory=record.peak_memory(device))
     return out
