@@ -7,7 +7,7 @@ depth is known (from its config, before any weight is read).
 
 from __future__ import annotations
 
-from qft import adapter, data, quant, train
+from qft import adapter, budget, data, quant, train
 from qft.errors import QftError
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -33,6 +33,7 @@ def validate(cfg, depth: int | None = None) -> str:
     dev = device(cfg)
     if isinstance(cfg.seed, bool) or not isinstance(cfg.seed, int):
         raise QftError("seed", cfg.seed, "an integer")
+    budget.check(cfg.budget)
     quant.check(cfg.quant, depth)
     adapter.check(cfg.adapter, depth)
     data.check(cfg.data)

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from qft import adapter, config, data, evaluate, layers, model, quant, record, train
+from qft import adapter, budget, config, data, evaluate, layers, model, quant, record, train
 from qft.errors import QftError
 
 
@@ -68,6 +68,7 @@ def build(cfg, source: model.Source, device: torch.device) -> Built:
 def _run(cfg, run_dir: Path, config_hash: str) -> dict:
     device = torch.device(config.validate(cfg))
     source = model.resolve(cfg.model, cfg.cache_dir)
+    allocation = budget.apply(cfg, budget.meta_layers(source)) if cfg.budget.params is not None else None
     config.validate(cfg, depth=source.num_layers)
     tokenizer = model.load_tokenizer(source)
     task = data.prepare(cfg.data, tokenizer, cfg.cache_dir)
@@ -92,6 +93,7 @@ def _run(cfg, run_dir: Path, config_hash: str) -> dict:
     base = net.get_base_model() if adapted else net
     out = {
         "trainable_params": built.params,
+        "budget_ranks": allocation,
         "base_bytes": built.base_bytes,
         "quant_per_module": {n: quant.describe(getattr(base.get_submodule(n), "base_layer", base.get_submodule(n)))
                              for n in built.bits},

@@ -1,0 +1,269 @@
+"""Collect result records into one table and draw the layer-sensitivity plots.
+
+    python -m qft.report results/rank_sweep/runs [more paths...] [--out results/rank_sweep]
+
+Reads every result.json under the paths (the records are the single source of truth), writes runs.csv and
+runs.parquet (one row a run), summary.md (one row a configuration, seeds pooled as mean, standard
+deviation and a 95% interval) and PNG plots for whichever axes vary: accuracy against trainable parameters
+with its Pareto frontier, an attention-rank x MLP-rank heat map, alpha curves per layer type, and
+bits x rank panels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+from qft.record import RECORD
+
+# the config keys a layer-sensitivity study varies, and their short column names
+AXES = {"adapter.attn.r": "attn_r", "adapter.mlp.r": "mlp_r", "adapter.attn.alpha": "attn_alpha",
+        "adapter.mlp.alpha": "mlp_alpha", "quant.attn.bits": "attn_bits", "quant.mlp.bits": "mlp_bits",
+        "budget.params": "budget", "budget.shares": "budget_shares"}
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = json.dumps(v) if isinstance(v, (list, dict)) else v
+    return out
+
+
+def row(rec: dict, path: Path) -> dict:
+    params = rec.get("trainable_params") or {}
+    per_type = params.get("per_layer_type") or {}
+    final, zero = rec.get("final_accuracy") or {}, rec.get("zero_shot_accuracy") or {}
+    r = {"run_dir": str(path.parent), "status": rec.get("status"), "error": rec.get("error"),
+         "config_hash": rec.get("config_hash"), "seed": rec.get("seed"),
+         "experiment": (rec.get("config") or {}).get("experiment"),
+         "params": params.get("total"), "params_attn": per_type.get("attn"), "params_mlp": per_type.get("mlp"),
+         "adapted": "+".join(t for t in ("attn", "mlp") if per_type.get(t)) or "none",
+         "acc_test": final.get("test"), "acc_val": final.get("val"), "zero_shot_test": zero.get("test"),
+         "tokens_per_s": rec.get("train_tokens_per_second"), "peak_rss_bytes": (rec.get("memory") or {}).get("peak_rss_bytes"),
+         "wall_seconds": rec.get("wall_seconds"), "base_bytes": (rec.get("base_bytes") or {}).get("total")}
+    for g, v in (rec.get("budget_ranks") or {}).items():
+        r[f"budget_r_{g}"] = v
+    flat = _flatten(rec.get("config") or {})
+    for key, short in AXES.items():
+        r[short] = flat.get(key)
+    r.update({f"cfg.{k}": v for k, v in flat.items()})
+    return r
+
+
+def collect(paths) -> "pandas.DataFrame":
+    import pandas as pd
+
+    rows = []
+    for p in map(Path, paths):
+        files = [p] if p.name == RECORD else sorted(p.rglob(RECORD))
+        for f in files:
+            try:
+                rows.append(row(json.loads(f.read_text()), f))
+            except (OSError, ValueError) as e:
+                print(f"qft.report: skipping unreadable {f}: {e}", file=sys.stderr)
+    return pd.DataFrame(rows)
+
+
+def grouped(df) -> "pandas.DataFrame":
+    """One row per configuration (all config but the seed), accuracy as mean, sd and 95% interval."""
+    ok = df[df.status == "ok"].copy()
+    cfg_cols = [c for c in ok.columns if c.startswith("cfg.") and c != "cfg.seed"]
+    ok["config_key"] = ok[cfg_cols].apply(lambda r: "|".join(map(str, r)), axis=1)
+    keep = ["params", "params_attn", "params_mlp", "adapted", *[a for a in AXES.values() if ok[a].notna().any()]]
+    g = ok.groupby("config_key", sort=False)
+    out = g[keep].first()
+    out["n_seeds"] = g.acc_test.count()
+    out["acc_mean"] = g.acc_test.mean()
+    out["acc_sd"] = g.acc_test.std().fillna(0.0)
+    out["ci95"] = [_t95(n) * sd / math.sqrt(n) if n > 1 else float("nan") for n, sd in zip(out.n_seeds, out.acc_sd)]
+    out["tokens_per_s"] = g.tokens_per_s.mean()
+    return out.sort_values(["params", "acc_mean"]).reset_index(drop=True)
+
+
+def _t95(n: int) -> float:
+    """Two-sided 95% Student t quantile for n - 1 degrees of freedom."""
+    table = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+    return table.get(n - 1, 1.96 + 2.5 / max(n - 1, 1))
+
+
+def pareto(g) -> "pandas.DataFrame":
+    """Configurations no other beats on accuracy with as few or fewer trainable parameters."""
+    best, keep = -1.0, []
+    for i, r in g.sort_values(["params", "acc_mean"], ascending=[True, False]).iterrows():
+        if r.acc_mean > best:
+            keep.append(i)
+            best = r.acc_mean
+    return g.loc[keep]
+
+
+COLORS = {"none": "tab:gray", "attn": "tab:blue", "mlp": "tab:orange", "attn+mlp": "tab:green"}
+
+
+def plot_accuracy_vs_params(g, out: Path, title: str) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    x = g.params.where(g.params > 0, other=float("nan"))
+    floor = (x.min() / 3) if x.notna().any() else 1.0
+    xs = g.params.where(g.params > 0, other=floor)
+    for kind, sub in g.groupby("adapted"):
+        ax.errorbar(xs[sub.index], sub.acc_mean, yerr=sub.ci95.fillna(0.0), fmt="o", color=COLORS.get(kind),
+                    label=f"adapters on {kind}", capsize=3)
+    front = pareto(g)
+    ax.plot(xs[front.index], front.acc_mean, "--", color="black", lw=1, label="Pareto frontier")
+    ax.set_xscale("log")
+    if (g.params == 0).any():
+        ax.axvline(floor * 1.7, color="0.85", lw=0.8)
+        ax.annotate("no adapter", (floor, ax.get_ylim()[0]), fontsize=7, ha="center", va="bottom")
+    ax.set_xlabel("trainable parameters (log)")
+    ax.set_ylabel("test accuracy")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = out / "accuracy_vs_params.png"
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return path
+
+
+def plot_heatmap(g, out: Path, rows: str, cols: str, name: str, title: str) -> Path:
+    import matplotlib.pyplot as plt
+
+    table = g.pivot_table(index=rows, columns=cols, values="acc_mean", aggfunc="mean").sort_index(ascending=False)
+    fig, ax = plt.subplots(figsize=(5, 4.2))
+    im = ax.imshow(table.values, cmap="viridis", aspect="auto")
+    ax.set_xticks(range(len(table.columns)), [str(c) for c in table.columns])
+    ax.set_yticks(range(len(table.index)), [str(i) for i in table.index])
+    ax.set_xlabel(cols.replace("_", " "))
+    ax.set_ylabel(rows.replace("_", " "))
+    for i in range(table.shape[0]):
+        for j in range(table.shape[1]):
+            v = table.values[i, j]
+            if not math.isnan(v):
+                ax.text(j, i, f"{v:.3f}", ha="center", va="center", color="white" if v < table.values[~table.isna().values].mean() else "black", fontsize=9)
+    fig.colorbar(im, ax=ax, label="test accuracy")
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    path = out / name
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return path
+
+
+def plot_alpha_curves(g, out: Path, title: str) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for lt, col in (("attn", "attn_alpha"), ("mlp", "mlp_alpha")):
+        if g[col].nunique() > 1:
+            curve = g.groupby(col).acc_mean.agg(["mean", "min", "max"])
+            ax.plot(curve.index, curve["mean"], "o-", color=COLORS[lt], label=f"{lt} alpha (mean over the other)")
+            ax.fill_between(curve.index, curve["min"], curve["max"], color=COLORS[lt], alpha=0.15)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("alpha")
+    ax.set_ylabel("test accuracy")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = out / "alpha_curves.png"
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return path
+
+
+def plot_bits_rank(g, out: Path, title: str) -> Path:
+    import matplotlib.pyplot as plt
+
+    combos = sorted(g.groupby(["attn_bits", "mlp_bits"]).groups)
+    fig, axes = plt.subplots(1, len(combos), figsize=(3.2 * len(combos), 3.4), sharey=True, squeeze=False)
+    for ax, (ab, mb) in zip(axes[0], combos):
+        sub = g[(g.attn_bits == ab) & (g.mlp_bits == mb)]
+        for kind, s in sub.groupby("adapted"):
+            ax.errorbar(s.params, s.acc_mean, yerr=s.ci95.fillna(0.0), fmt="o", color=COLORS.get(kind), capsize=3)
+        for _, r in sub.iterrows():
+            ax.annotate(f"a{r.attn_r}/m{r.mlp_r}", (r.params, r.acc_mean), fontsize=7, xytext=(3, 3),
+                        textcoords="offset points")
+        ax.set_xscale("log")
+        ax.set_title(f"attn {ab}-bit, mlp {mb}-bit", fontsize=9)
+        ax.set_xlabel("trainable parameters")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("test accuracy")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    path = out / "bits_rank.png"
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return path
+
+
+def markdown(g, df) -> str:
+    cols = ["adapted", *[c for c in AXES.values() if c in g.columns and g[c].nunique() > 1], "params"]
+    lines = ["| " + " | ".join(cols + ["n", "test acc", "95% CI", "tokens/s"]) + " |",
+             "|" + "---|" * (len(cols) + 4)]
+    for _, r in g.iterrows():
+        ci = "" if math.isnan(r.ci95) else f"±{r.ci95:.3f}"
+        lines.append("| " + " | ".join(str(r[c]) if not isinstance(r[c], float) else f"{r[c]:g}" for c in cols)
+                     + f" | {r.n_seeds} | {r.acc_mean:.3f} | {ci} | {r.tokens_per_s:.0f} |")
+    failed = df[df.status != "ok"]
+    head = f"{len(df)} runs: {int((df.status == 'ok').sum())} ok, {len(failed)} not ok"
+    tail = [f"- {r.run_dir}: {r.status} {r.error or ''}" for _, r in failed.iterrows()]
+    return "\n".join([head, "", *lines, *([""] + tail if tail else [])]) + "\n"
+
+
+def report(paths, out: Path | None = None) -> dict:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    df = collect(paths)
+    if df.empty:
+        raise SystemExit(f"qft.report: no {RECORD} under {', '.join(map(str, paths))}")
+    experiment = next((e for e in df.experiment if e), None) or "report"
+    out = Path(out or Path("results") / experiment)
+    out.mkdir(parents=True, exist_ok=True)
+    df.to_csv(out / "runs.csv", index=False)
+    df.astype({c: str for c in df.columns if df[c].dtype == object}).to_parquet(out / "runs.parquet", index=False)
+    files = {"csv": out / "runs.csv", "parquet": out / "runs.parquet"}
+    g = grouped(df)
+    summary = markdown(g, df)
+    (out / "summary.md").write_text(summary)
+    files["summary"] = out / "summary.md"
+    if not g.empty:
+        title = f"{experiment}: {df['cfg.model.name'].iloc[0]}, {df['cfg.data.source'].iloc[0]}"
+        files["accuracy_vs_params"] = plot_accuracy_vs_params(g, out, title)
+        if g.attn_r.nunique() > 1 and g.mlp_r.nunique() > 1:
+            files["rank_heatmap"] = plot_heatmap(g, out, "attn_r", "mlp_r", "rank_heatmap.png", title)
+        if g.attn_alpha.nunique() > 1 or g.mlp_alpha.nunique() > 1:
+            files["alpha_curves"] = plot_alpha_curves(g, out, title)
+            if g.attn_alpha.nunique() > 1 and g.mlp_alpha.nunique() > 1:
+                files["alpha_heatmap"] = plot_heatmap(g, out, "attn_alpha", "mlp_alpha", "alpha_heatmap.png", title)
+        if g.attn_bits.nunique() > 1 or g.mlp_bits.nunique() > 1:
+            files["bits_rank"] = plot_bits_rank(g, out, title)
+    print(summary)
+    return files
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m qft.report", description=__doc__.split("\n\n")[0])
+    ap.add_argument("paths", nargs="+", help="folders searched for result.json (or result.json files)")
+    ap.add_argument("--out", help="output folder (default results/<experiment>)")
+    args = ap.parse_args(argv)
+    missing = [p for p in args.paths if not Path(p).exists()]
+    if missing:
+        print(f"qft.report: error: paths={missing}: no such file or folder", file=sys.stderr)
+        return 2
+    files = report(args.paths, args.out)
+    print("wrote " + ", ".join(str(p) for p in files.values()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from qft import adapter, budget, model, report, run
+from qft.errors import QftError
+from conftest import CONF, make_cfg
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def sweep(tmp, *args):
+    env = {**os.environ, "QFT_SWEEP_DIR": str(tmp)}
+    return subprocess.run([sys.executable, "-m", "qft", "+experiment=smoke", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def records(folder: Path) -> dict:
+    return {f.parent.name: json.loads(f.read_text()) for f in folder.glob("*/result.json")}
+
+
+GRID = {"adapter.attn.r=0,adapter.mlp.r=0", "adapter.attn.r=0,adapter.mlp.r=4",
+        "adapter.attn.r=4,adapter.mlp.r=0", "adapter.attn.r=4,adapter.mlp.r=4"}
+
+
+@pytest.mark.parametrize("launcher", ["basic", "parallel"])
+def test_smoke_sweep_writes_one_record_per_grid_point(tmp_path, launcher):
+    res = sweep(tmp_path, *([] if launcher == "basic" else ["hydra/launcher=parallel"]))
+    assert res.returncode == 0, res.stderr[-2000:]
+    recs = records(tmp_path)
+    assert set(recs) == GRID and all(r["status"] == "ok" for r in recs.values())
+    assert recs["adapter.attn.r=0,adapter.mlp.r=0"]["trainable_params"]["total"] == 0
+    attn_only = recs["adapter.attn.r=4,adapter.mlp.r=0"]["trainable_params"]
+    assert attn_only["per_layer_type"] == {"attn": 4 * 4 * (128 + 96 + 96 + 128), "mlp": 0}
+
+
+def test_a_failing_run_does_not_stop_the_sweep_and_only_it_is_redone(tmp_path):
+    res = sweep(tmp_path, "adapter.attn.r=4,-1", "adapter.mlp.r=4")
+    assert res.returncode == 0, res.stderr[-2000:]
+    recs = records(tmp_path)
+    bad, good = "adapter.attn.r=-1,adapter.mlp.r=4", "adapter.attn.r=4,adapter.mlp.r=4"
+    assert recs[bad]["status"] == "failed" and "adapter.attn.r" in recs[bad]["error"]
+    assert recs[good]["status"] == "ok"
+    mtime = {k: (tmp_path / k / "result.json").stat().st_mtime_ns for k in (good, bad)}
+    again = sweep(tmp_path, "adapter.attn.r=4,-1", "adapter.mlp.r=4")
+    assert f"{tmp_path / good} already holds an ok record" in again.stdout
+    assert f"{tmp_path / bad} already holds" not in again.stdout
+    assert (tmp_path / good / "result.json").stat().st_mtime_ns == mtime[good]  # skipped
+    assert (tmp_path / bad / "result.json").stat().st_mtime_ns > mtime[bad]  # redone
+    assert records(tmp_path)[bad]["status"] == "failed"
+
+
+def test_budget_allocations_hit_their_budgets_on_the_built_model():
+    cfg = make_cfg("budget.params=20000", "budget.tolerance=0.05")
+    source = model.resolve(cfg.model, cfg.cache_dir)
+    layers = budget.meta_layers(source)
+    found = budget.allocations(layers, 20000, "type", 0.05, [0, 1, 2, 4, 8, 16])
+    assert found and all(abs(a["params"] - 20000) <= 1000 for a in found)
+    for a in found:
+        c = make_cfg(f"adapter.attn.r={a['attn']}", f"adapter.mlp.r={a['mlp']}")
+        built = run.build(c, source, torch.device("cpu"))
+        assert sum(p.numel() for p in built.model.parameters() if p.requires_grad) == a["params"]
+    ranks = budget.apply(cfg, layers)
+    built = run.build(cfg, source, torch.device("cpu"))
+    trainable = sum(p.numel() for p in built.model.parameters() if p.requires_grad)
+    assert trainable == ranks["attn"] * 1792 + ranks["mlp"] * 2688 and abs(trainable - 20000) <= 1000
+
+
+def test_budget_depth_split_sets_depth_groups():
+    cfg = make_cfg("budget.params=30000", "budget.split=depth", "budget.shares=[1,2,1]", "budget.tolerance=0.1")
+    source = model.resolve(cfg.model, cfg.cache_dir)
+    layers = budget.meta_layers(source)
+    ranks = budget.apply(cfg, layers)
+    plan = adapter.plan(cfg.adapter, layers)
+    counts = adapter.count(plan, layers)
+    assert counts["per_depth_group"]["middle"] > counts["per_depth_group"]["shallow"]
+    assert abs(counts["total"] - 30000) <= 3000
+    assert {plan[l.name]["r"] for l in layers if l.depth == 0} == {ranks["shallow"]}
+
+
+def test_budget_below_the_smallest_allocation():
+    cfg = make_cfg("budget.params=100")
+    with pytest.raises(QftError) as e:
+        budget.solve(budget.meta_layers(model.resolve(cfg.model, cfg.cache_dir)), cfg.budget)
+    assert e.value.key == "budget.params" and "1,792" in str(e.value)
+
+
+def cli(*args, module="qft"):
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("args,needle", [(["+experiment=nope"], "Could not find 'experiment/nope'"),
+                                         (["+experiment=smoke", "adapter.attn.r=choice()"],
+                                          "choice"),
+                                         ])
+def test_bad_sweep_specs_exit_2_with_one_line(args, needle, tmp_path):
+    res = subprocess.run([sys.executable, "-m", "qft", *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "QFT_SWEEP_DIR": str(tmp_path)})
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1 and needle in lines[0], res.stderr[-1500:]
+
+
+def test_budget_cli():
+    res = cli("model=tiny_llama", "budget.params=20000", module="qft.budget")
+    assert res.returncode == 0 and "| 8 | 2 | 19,712 | -1.44% |" in res.stdout
+    res = cli("model=tiny_llama", "budget.params=10", module="qft.budget")
+    assert res.returncode == 2 and res.stderr.strip().startswith("qft.budget: error: budget.params=10")
+
+
+def test_report_table_and_plots(tmp_path):
+    runs = tmp_path / "runs"
+    for attn_r in (0, 4):
+        for mlp_r in (0, 4):
+            for seed in (0, 1):
+                cfg = make_cfg(f"adapter.attn.r={attn_r}", f"adapter.mlp.r={mlp_r}", f"seed={seed}",
+                               "data.train_size=16", "data.val_size=5", "data.test_size=10",
+                               "train.steps=1", "train.batch_size=4", "train.zero_shot=false",
+                               "train.checkpoint_every=0", "train.eval_every=0")
+                cfg.experiment = "unit"
+                run.run(cfg, runs / f"a{attn_r}m{mlp_r}s{seed}")
+    files = report.report([runs], tmp_path / "out")
+    import pandas as pd
+
+    df = pd.read_csv(files["csv"])
+    assert len(df) == 8 and set(df.status) == {"ok"}
+    assert sorted(df.params.unique()) == [0, 7168, 10752, 17920]
+    assert len(pd.read_parquet(files["parquet"])) == 8
+    summary = files["summary"].read_text()
+    assert summary.startswith("8 runs: 8 ok") and summary.count("| 2 |") == 4  # 4 configs, 2 seeds each
+    for name in ("accuracy_vs_params", "rank_heatmap"):
+        assert files[name].stat().st_size > 10_000 and files[name].read_bytes()[:4] == b"\x89PNG"
