@@ -19,8 +19,8 @@ from omegaconf import OmegaConf
 
 RECORD = "result.json"
 SCHEMA = 1
-# keys that change how a run is executed or resumed, not what it computes
-_NOT_HASHED = {("train", "resume"), ("train", "stop_after_steps"), ("cache_dir",), ("sweep",)}
+# keys that change how a run is executed, resumed, logged or swept, not what it computes
+_NOT_HASHED = {("train", "resume"), ("train", "stop_after_steps"), ("cache_dir",), ("sweep",), ("grid",), ("logger",)}
 
 
 def resolved(cfg) -> dict:
@@ -29,6 +29,8 @@ def resolved(cfg) -> dict:
 
 def config_hash(cfg) -> str:
     conf = resolved(cfg)
+    if (conf.get("budget") or {}).get("params") is None:
+        conf.pop("budget", None)  # a budget that is off is no part of the config
     for path in _NOT_HASHED:
         d = conf
         for k in path[:-1]:

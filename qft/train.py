@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -47,6 +48,8 @@ def check(cfg, device: str) -> None:
         raise QftError("train.optimizer", cfg.optimizer, "8-bit and paged AdamW need CUDA; on CPU use adamw")
     if cfg.schedule not in SCHEDULES:
         raise QftError("train.schedule", cfg.schedule, f"allowed: {', '.join(SCHEDULES)}")
+    if cfg.resume not in (True, False, "auto"):
+        raise QftError("train.resume", cfg.resume, "true, false or auto (resume when the checkpoint is this config's)")
     if cfg.stop_after_steps is not None:
         _int_at_least("train.stop_after_steps", cfg.stop_after_steps, 1)
 
@@ -137,11 +140,15 @@ def save_checkpoint(folder: Path, model, opt, sched, history: History, config_ha
             old.unlink(missing_ok=True)
 
 
-def load_checkpoint(folder: Path, model, opt, sched, config_hash: str) -> History | None:
+def load_checkpoint(folder: Path, model, opt, sched, config_hash: str, strict: bool = True) -> History | None:
+    """Restore a checkpoint of this config; with strict=False another config's checkpoint is ignored."""
     meta_path = folder / "meta.json"
     if not meta_path.exists():
         return None
     meta = json.loads(meta_path.read_text())
+    if meta["config_hash"] != config_hash and not strict:
+        print(f"qft: ignoring the checkpoint in {folder}: it belongs to another config", file=sys.stderr)
+        return None
     if meta["config_hash"] != config_hash:
         raise QftError("train.resume", True, f"the checkpoint in {folder} belongs to another config "
                                              f"({meta['config_hash'][:12]}); use a fresh run directory")
@@ -177,7 +184,8 @@ def train(model, task: Task, cfg, run_dir: Path, dtype: torch.dtype, pad_id: int
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     ckpt = run_dir / "checkpoint"
-    history = (load_checkpoint(ckpt, model, opt, sched, config_hash) if cfg.resume else None) or History()
+    resumed = load_checkpoint(ckpt, model, opt, sched, config_hash, strict=cfg.resume is True) if cfg.resume else None
+    history = resumed or History()
     split = task.splits["train"]
     n = len(split.prompts)
     model.train()

@@ -103,3 +103,16 @@ def test_instruction_data_trains_and_scores_by_exact_match(tmp_path):
                            "train.eval_every=0", "train.checkpoint_every=0"), tmp_path / "run")
     assert rec["status"] == "ok" and rec["data"]["task"] == "instruction"
     assert rec["final_accuracy"]["test"] in (0.0, 0.25, 0.5, 0.75, 1.0)
+
+
+def test_resume_refuses_or_ignores_another_configs_checkpoint(tmp_path):
+    import pytest
+    from qft.errors import QftError
+
+    run.run(make_cfg(*RUN, "train.stop_after_steps=2"), tmp_path)
+    with pytest.raises(QftError) as e:
+        run.run(make_cfg(*RUN, "train.resume=true", "train.lr=5e-4"), tmp_path)
+    assert e.value.key == "train.resume"
+    rec = run.run(make_cfg(*RUN, "train.resume=auto", "train.lr=5e-4"), tmp_path)
+    fresh = run.run(make_cfg(*RUN, "train.lr=5e-4"), tmp_path / "fresh")
+    assert rec["status"] == "ok" and rec["loss_curve"] == fresh["loss_curve"]
