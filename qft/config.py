@@ -7,7 +7,7 @@ depth is known (from its config, before any weight is read).
 
 from __future__ import annotations
 
-from qft import adapter, budget, data, quant, train
+from qft import adapter, budget, data, logger, quant, train
 from qft.errors import QftError
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -38,4 +38,5 @@ def validate(cfg, depth: int | None = None) -> str:
     adapter.check(cfg.adapter, depth)
     data.check(cfg.data)
     train.check(cfg.train, dev)
+    logger.check(cfg.logger)
     return dev

@@ -59,6 +59,18 @@ def peak_memory(device) -> dict:
     return out
 
 
+def flatten(d: dict, prefix: str = "") -> dict:
+    """Dotted keys for nested config, for tables and trackers; lists stay JSON strings."""
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = json.dumps(v) if isinstance(v, (list, dict)) else v
+    return out
+
+
 def write(run_dir: Path, record: dict) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / RECORD

@@ -17,23 +17,12 @@ import math
 import sys
 from pathlib import Path
 
-from qft.record import RECORD
+from qft.record import RECORD, flatten
 
 # the config keys a layer-sensitivity study varies, and their short column names
 AXES = {"adapter.attn.r": "attn_r", "adapter.mlp.r": "mlp_r", "adapter.attn.alpha": "attn_alpha",
         "adapter.mlp.alpha": "mlp_alpha", "quant.attn.bits": "attn_bits", "quant.mlp.bits": "mlp_bits",
         "budget.params": "budget", "budget.shares": "budget_shares"}
-
-
-def _flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict) and v:
-            out.update(_flatten(v, key + "."))
-        else:
-            out[key] = json.dumps(v) if isinstance(v, (list, dict)) else v
-    return out
 
 
 def row(rec: dict, path: Path) -> dict:
@@ -50,7 +39,7 @@ def row(rec: dict, path: Path) -> dict:
          "wall_seconds": rec.get("wall_seconds"), "base_bytes": (rec.get("base_bytes") or {}).get("total")}
     for g, v in (rec.get("budget_ranks") or {}).items():
         r[f"budget_r_{g}"] = v
-    flat = _flatten(rec.get("config") or {})
+    flat = flatten(rec.get("config") or {})
     for key, short in AXES.items():
         r[short] = flat.get(key)
     r.update({f"cfg.{k}": v for k, v in flat.items()})

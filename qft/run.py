@@ -12,12 +12,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from qft import adapter, budget, config, data, evaluate, layers, model, quant, record, train
+from qft import adapter, budget, config, data, evaluate, layers, logger, model, quant, record, train
 from qft.errors import QftError
 
 
 def run(cfg, run_dir: Path) -> dict:
-    """Run one fine-tune and write its record; a failure is recorded with its reason, then re-raised."""
+    """Run one fine-tune and write its record; a failure is recorded with its reason, then re-raised.
+
+    A run directory that already holds an ok record of the same config is left alone, so re-running a
+    sweep redoes only what failed or never finished.
+    """
     started = time.time()
     previous = record.read(run_dir)
     if previous and previous.get("status") == "ok" and previous.get("config_hash") == record.config_hash(cfg) \
@@ -26,16 +30,32 @@ def run(cfg, run_dir: Path) -> dict:
         return previous
     rec = {"schema": record.SCHEMA, "status": "running", "config": record.resolved(cfg),
            "config_hash": record.config_hash(cfg), "seed": cfg.seed, "versions": record.versions()}
+    tracker = logger.Tracker()
     try:
-        rec.update(_run(cfg, run_dir, rec["config_hash"]))
+        device = torch.device(config.validate(cfg))
+        source = model.resolve(cfg.model, cfg.cache_dir)
+        rec["budget_ranks"] = budget.apply(cfg, budget.meta_layers(source)) if cfg.budget.params is not None else None
+        config.validate(cfg, depth=source.num_layers)
+        tokenizer = model.load_tokenizer(source)
+        task = data.prepare(cfg.data, tokenizer, cfg.cache_dir)
+        tracker = logger.make(cfg.logger, run_dir, cfg.experiment)
+        tracker.params(record.flatten(rec["config"]))
+        t_load = time.time()
+        built = build(cfg, source, device)
+        rec["load_seconds"] = time.time() - t_load
+        rec.update(_train_and_score(cfg, run_dir, rec["config_hash"], task, tokenizer, built, device, tracker))
     except BaseException as e:
         rec.update(status="failed", error=f"{type(e).__name__}: {e}", wall_seconds=time.time() - started)
         if not isinstance(e, QftError):
             rec["traceback"] = traceback.format_exc(limit=20)
         record.write(run_dir, rec)
+        tracker.close("failed")
         raise
     rec["wall_seconds"] = time.time() - started
     record.write(run_dir, rec)
+    tracker.metrics({f"{k}/{s}": v for k in ("zero_shot_accuracy", "final_accuracy")
+                     for s, v in (rec.get(k) or {}).items()}, rec["steps"])
+    tracker.close(rec["status"])
     return rec
 
 
@@ -65,19 +85,8 @@ def build(cfg, source: model.Source, device: torch.device) -> Built:
     return Built(net, projections, bits, plan, adapter.count(plan, projections, depth_groups), base_bytes)
 
 
-def _run(cfg, run_dir: Path, config_hash: str) -> dict:
-    device = torch.device(config.validate(cfg))
-    source = model.resolve(cfg.model, cfg.cache_dir)
-    allocation = budget.apply(cfg, budget.meta_layers(source)) if cfg.budget.params is not None else None
-    config.validate(cfg, depth=source.num_layers)
-    tokenizer = model.load_tokenizer(source)
-    task = data.prepare(cfg.data, tokenizer, cfg.cache_dir)
-
-    t_load = time.time()
-    built = build(cfg, source, device)
+def _train_and_score(cfg, run_dir: Path, config_hash: str, task, tokenizer, built: Built, device, tracker) -> dict:
     net = built.model
-    load_seconds = time.time() - t_load
-
     dtype = model.DTYPES[cfg.quant.compute_dtype]
 
     def acc(split: str) -> float:
@@ -87,13 +96,12 @@ def _run(cfg, run_dir: Path, config_hash: str) -> dict:
     zero_shot = {s: acc(s) for s in ("val", "test")} if cfg.train.zero_shot or not adapted else None
     if adapted:
         history = train.train(net, task, cfg.train, run_dir, dtype, tokenizer.pad_token_id, cfg.seed, config_hash,
-                              evaluate=acc)
+                              evaluate=acc, track=tracker.metrics)
     else:  # no adapter anywhere: the untrained base is the result
         history = train.History(completed=True)
     base = net.get_base_model() if adapted else net
     out = {
         "trainable_params": built.params,
-        "budget_ranks": allocation,
         "base_bytes": built.base_bytes,
         "quant_per_module": {n: quant.describe(getattr(base.get_submodule(n), "base_layer", base.get_submodule(n)))
                              for n in built.bits},
@@ -106,7 +114,6 @@ def _run(cfg, run_dir: Path, config_hash: str) -> dict:
         "train_tokens": history.train_tokens,
         "train_tokens_per_second": history.train_tokens / max(history.train_seconds, 1e-9),
         "train_seconds": history.train_seconds,
-        "load_seconds": load_seconds,
         "device": str(device),
     }
     if not history.completed:

@@ -176,8 +176,9 @@ def load_checkpoint(folder: Path, model, opt, sched, config_hash: str, strict: b
 # --------------------------------------------------------------------------- the loop
 
 def train(model, task: Task, cfg, run_dir: Path, dtype: torch.dtype, pad_id: int, seed: int,
-          config_hash: str, evaluate=None) -> History:
-    """Fine-tune the trainable (adapter) parameters; `evaluate(split)` is called every `eval_every` steps."""
+          config_hash: str, evaluate=None, track=None) -> History:
+    """Fine-tune the trainable (adapter) parameters; `evaluate(split)` is called every `eval_every` steps
+    and `track(metrics, step)` after every step."""
     params = [p for p in model.parameters() if p.requires_grad]
     opt = _optimizer(cfg, params)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(cfg, s))
@@ -219,8 +220,13 @@ def train(model, task: Task, cfg, run_dir: Path, dtype: torch.dtype, pad_id: int
         bar.update(1)
         bar.set_postfix(loss=f"{mean:.4f}", tok_s=f"{history.train_tokens / history.train_seconds:.0f}")
         last = history.step == cfg.steps
+        metrics = {"train/loss": mean, "train/lr": sched.get_last_lr()[0],
+                   "train/tokens_per_s": history.train_tokens / history.train_seconds}
         if evaluate and cfg.eval_every and history.step % cfg.eval_every == 0 and not last:
             history.val_accuracy.append([history.step, evaluate("val")])
+            metrics["val/accuracy"] = history.val_accuracy[-1][1]
+        if track:
+            track(metrics, history.step)
         stop = cfg.stop_after_steps and history.step - started_at >= cfg.stop_after_steps and not last
         if stop or (cfg.checkpoint_every and history.step % cfg.checkpoint_every == 0 and not last):
             save_checkpoint(ckpt, model, opt, sched, history, config_hash)
