@@ -92,6 +92,23 @@ def pareto(g) -> "pandas.DataFrame":
     return g.loc[keep]
 
 
+def _label(ax, xlabel: str, title: str) -> None:
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("test accuracy")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+
+
+def _save(fig, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return path
+
+
 COLORS = {"none": "tab:gray", "attn": "tab:blue", "mlp": "tab:orange", "attn+mlp": "tab:green"}
 
 
@@ -104,23 +121,15 @@ def plot_accuracy_vs_params(g, out: Path, title: str) -> Path:
     xs = g.params.where(g.params > 0, other=floor)
     for kind, sub in g.groupby("adapted"):
         ax.errorbar(xs[sub.index], sub.acc_mean, yerr=sub.ci95.fillna(0.0), fmt="o", color=COLORS.get(kind),
-                    label=f"adapters on {kind}", capsize=3)
+                    label="no adapter (zero-shot)" if kind == "none" else f"adapters on {kind}", capsize=3)
     front = pareto(g)
     ax.plot(xs[front.index], front.acc_mean, "--", color="black", lw=1, label="Pareto frontier")
     ax.set_xscale("log")
     if (g.params == 0).any():
         ax.axvline(floor * 1.7, color="0.85", lw=0.8)
         ax.annotate("no adapter", (floor, ax.get_ylim()[0]), fontsize=7, ha="center", va="bottom")
-    ax.set_xlabel("trainable parameters (log)")
-    ax.set_ylabel("test accuracy")
-    ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = out / "accuracy_vs_params.png"
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-    return path
+    _label(ax, "trainable parameters (log)", title)
+    return _save(fig, out / "accuracy_vs_params.png")
 
 
 def plot_heatmap(g, out: Path, rows: str, cols: str, name: str, title: str) -> Path:
@@ -140,11 +149,7 @@ def plot_heatmap(g, out: Path, rows: str, cols: str, name: str, title: str) -> P
                 ax.text(j, i, f"{v:.3f}", ha="center", va="center", color="white" if v < table.values[~table.isna().values].mean() else "black", fontsize=9)
     fig.colorbar(im, ax=ax, label="test accuracy")
     ax.set_title(title, fontsize=10)
-    fig.tight_layout()
-    path = out / name
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-    return path
+    return _save(fig, out / name)
 
 
 def plot_alpha_curves(g, out: Path, title: str) -> Path:
@@ -157,16 +162,8 @@ def plot_alpha_curves(g, out: Path, title: str) -> Path:
             ax.plot(curve.index, curve["mean"], "o-", color=COLORS[lt], label=f"{lt} alpha (mean over the other)")
             ax.fill_between(curve.index, curve["min"], curve["max"], color=COLORS[lt], alpha=0.15)
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("alpha")
-    ax.set_ylabel("test accuracy")
-    ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = out / "alpha_curves.png"
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-    return path
+    _label(ax, "alpha", title)
+    return _save(fig, out / "alpha_curves.png")
 
 
 def plot_bits_rank(g, out: Path, title: str) -> Path:
@@ -187,11 +184,7 @@ def plot_bits_rank(g, out: Path, title: str) -> Path:
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("test accuracy")
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    path = out / "bits_rank.png"
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
-    return path
+    return _save(fig, out / "bits_rank.png")
 
 
 def markdown(g, df) -> str:
