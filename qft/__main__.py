@@ -22,6 +22,8 @@ def main(cfg) -> float | None:
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
     sweeping = hc.mode == RunMode.MULTIRUN
+    if sweeping:
+        pin_gpu(hc.job.num, os.environ)
     try:
         rec = run(cfg, run_dir)
     except QftError as e:
@@ -37,6 +39,26 @@ def main(cfg) -> float | None:
     print(f"qft: {rec['status']}: test accuracy {(rec.get('final_accuracy') or {}).get('test')} "
           f"(zero-shot {(rec.get('zero_shot_accuracy') or {}).get('test')}), record {run_dir / 'result.json'}")
     return (rec.get("final_accuracy") or {}).get("val")
+
+
+def pin_gpu(job_num: int, env) -> str | None:
+    """Give each of several parallel sweep jobs on one multi-GPU node its own GPU (round robin).
+
+    Slurm already hands each array task its own GPU, and a restriction the user set is kept.
+    """
+    if "CUDA_VISIBLE_DEVICES" in env or "SLURM_JOB_ID" in env:
+        return None
+    import shutil
+    import subprocess
+
+    if not shutil.which("nvidia-smi"):
+        return None
+    gpus = [l for l in subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout.splitlines()
+            if l.startswith("GPU ")]
+    if len(gpus) < 2:
+        return None
+    env["CUDA_VISIBLE_DEVICES"] = str(job_num % len(gpus))
+    return env["CUDA_VISIBLE_DEVICES"]
 
 
 def cli() -> None:

@@ -134,3 +134,15 @@ def test_report_table_and_plots(tmp_path):
     assert summary.startswith("8 runs: 8 ok") and summary.count("| 2 |") == 4  # 4 configs, 2 seeds each
     for name in ("accuracy_vs_params", "rank_heatmap"):
         assert files[name].stat().st_size > 10_000 and files[name].read_bytes()[:4] == b"\x89PNG"
+
+
+def test_parallel_jobs_get_their_own_gpu(monkeypatch, tmp_path):
+    from qft.__main__ import pin_gpu
+
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\necho 'GPU 0: H100 (UUID: a)'\necho 'GPU 1: H100 (UUID: b)'\necho 'GPU 2: H100 (UUID: c)'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    assert [pin_gpu(n, {}) for n in range(5)] == ["0", "1", "2", "0", "1"]
+    assert pin_gpu(4, {"SLURM_JOB_ID": "7"}) is None
+    assert pin_gpu(4, {"CUDA_VISIBLE_DEVICES": "3"}) is None
