@@ -15,6 +15,7 @@ import io
 import json
 import os
 import random
+import sys
 import tempfile
 import zipfile
 from dataclasses import dataclass, field
@@ -39,7 +40,7 @@ def _package_dir(package: str, extra: str) -> Path:
 
 def _orange_dir() -> Path:
     # orangecontrib is a namespace package whose __init__ we never import
-    for entry in map(Path, __import__("sys").path):
+    for entry in map(Path, sys.path):
         d = entry / "orangecontrib" / "text" / "datasets"
         if d.is_dir():
             return d
@@ -208,7 +209,6 @@ class Task:
     label_words: list[str]
     label_tokens: list[list[int]]
     splits: dict[str, Split]
-    raw_sizes: dict[str, int]
     cache_key: str
 
 
@@ -296,7 +296,7 @@ def prepare(cfg, tokenizer, cache_dir: str | Path) -> Task:
     if not classification:
         for name, items in splits.items():
             cached[name].texts = [lab for _, lab in items]
-    return Task(cfg.task, label_words, label_tokens, cached, {k: len(v) for k, v in raw.items()}, key)
+    return Task(cfg.task, label_words, label_tokens, cached, key)
 
 
 def _flat(seqs):

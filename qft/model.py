@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import json
 import os
 import shutil
 import tempfile
@@ -174,10 +173,6 @@ def load(source: Source):
     for p in model.parameters():
         p.requires_grad_(False)
     return model
-
-
-def config_dict(source: Source) -> dict:
-    return json.loads(source.config.to_json_string())
 
 
 def device_of(model) -> torch.device:

@@ -16,8 +16,12 @@ import json
 import math
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from qft.record import RECORD, flatten
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 # the config keys a layer-sensitivity study varies, and their short column names
 AXES = {"adapter.attn.r": "attn_r", "adapter.mlp.r": "mlp_r", "adapter.attn.alpha": "attn_alpha",
@@ -46,7 +50,7 @@ def row(rec: dict, path: Path) -> dict:
     return r
 
 
-def collect(paths) -> "pandas.DataFrame":
+def collect(paths) -> "pd.DataFrame":
     import pandas as pd
 
     rows = []
@@ -60,7 +64,7 @@ def collect(paths) -> "pandas.DataFrame":
     return pd.DataFrame(rows)
 
 
-def grouped(df) -> "pandas.DataFrame":
+def grouped(df) -> "pd.DataFrame":
     """One row per configuration (all config but the seed), accuracy as mean, sd and 95% interval."""
     ok = df[df.status == "ok"].copy()
     cfg_cols = [c for c in ok.columns if c.startswith("cfg.") and c != "cfg.seed"]
@@ -82,7 +86,7 @@ def _t95(n: int) -> float:
     return table.get(n - 1, 1.96 + 2.5 / max(n - 1, 1))
 
 
-def pareto(g) -> "pandas.DataFrame":
+def pareto(g) -> "pd.DataFrame":
     """Configurations no other beats on accuracy with as few or fewer trainable parameters."""
     best, keep = -1.0, []
     for i, r in g.sort_values(["params", "acc_mean"], ascending=[True, False]).iterrows():

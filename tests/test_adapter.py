@@ -1,7 +1,5 @@
 import math
 
-import pytest
-import torch
 
 from qft import adapter
 from conftest import build

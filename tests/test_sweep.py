@@ -9,7 +9,7 @@ import torch
 
 from qft import adapter, budget, model, report, run
 from qft.errors import QftError
-from conftest import CONF, make_cfg
+from conftest import make_cfg
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,6 +1,6 @@
 import torch
 
-from qft import data, evaluate, model, record, run, train
+from qft import evaluate, record, run, train
 from conftest import TINY_DATA, build, make_cfg
 
 
