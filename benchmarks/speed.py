@@ -1,0 +1,199 @@
+"""qft against the stock Hugging Face QLoRA recipe on the same work, alternating, in one invocation.
+
+    python benchmarks/speed.py                      # SmolLM2-135M, BBC News, NF4, r=8 on all 7 projections
+    python benchmarks/speed.py --seq 128 --steps 10 # the longer-sequence point
+
+Each measurement is its own process (so start-up and peak RSS are clean), in the order qft, baseline,
+qft, baseline, ...; the medians and the qft/baseline ratios go to benchmarks/results/. The dense bf16
+matmul ceiling is measured in the same run, before and after, and qft's model FLOPs utilisation is the
+useful forward + backward FLOPs of its steps over that ceiling.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PROJ = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def overrides(a) -> list[str]:
+    return [f"train.steps={a.steps}", f"train.batch_size={a.batch}", f"data.max_length={a.seq}", "train.lr=1e-3",
+            "train.warmup_steps=2", "train.eval_every=0", "train.checkpoint_every=0", "train.zero_shot=false",
+            f"data.train_size={a.batch * a.steps}", "data.val_size=10", f"data.test_size={a.test}",
+            "adapter.dropout=0.05", *a.qft_overrides]
+
+
+def compose(a):
+    from hydra import compose as hydra_compose, initialize_config_dir
+
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        return hydra_compose("config", overrides=overrides(a))
+
+
+def run_qft(a, t0: float, out: dict) -> None:
+    from qft import run, train
+
+    inner = train.train
+
+    def timed(*args, **kw):  # start-up = launch until the training loop begins
+        out["startup_seconds"] = time.time() - t0
+        return inner(*args, **kw)
+
+    train.train = timed
+    rec = run.run(compose(a), Path(a.workdir))
+    out.update(tokens_per_second=rec["train_tokens_per_second"], train_seconds=rec["train_seconds"],
+               train_tokens=rec["train_tokens"], test_accuracy=rec["final_accuracy"]["test"],
+               final_loss=rec["loss_curve"][-1][1])
+
+
+def run_baseline(a, t0: float, out: dict) -> None:
+    """The best plain use of the stock stack: from_pretrained + BitsAndBytesConfig, prepare_model_for_kbit_training,
+    get_peft_model, HF Trainer; the same tokenized examples, answer-only labels, batch, lr and steps."""
+    import torch
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig, Trainer, TrainingArguments
+
+    from qft import data, evaluate, model
+
+    cfg = compose(a)
+    source = model.resolve(cfg.model, cfg.cache_dir)
+    tok = model.load_tokenizer(source)
+    task = data.prepare(cfg.data, tok, cfg.cache_dir)
+    q = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                           bnb_4bit_compute_dtype=torch.bfloat16)
+    net = AutoModelForCausalLM.from_pretrained(source.weights, quantization_config=q, device_map="cpu")
+    net = prepare_model_for_kbit_training(net, use_gradient_checkpointing=False)
+    net = get_peft_model(net, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.05, target_modules=PROJ,
+                                         task_type="CAUSAL_LM"))
+    split = task.splits["train"]
+    rows = [{"input_ids": p + ans, "labels": [-100] * len(p) + ans} for p, ans in zip(split.prompts, split.answers)]
+    counted = {"tokens": 0}
+
+    def collate(batch):  # right-padded to the batch's longest, as DataCollatorForSeq2Seq does
+        width = max(len(r["input_ids"]) for r in batch)
+        counted["tokens"] += sum(len(r["input_ids"]) for r in batch)
+        pad = tok.pad_token_id
+        return {"input_ids": torch.tensor([r["input_ids"] + [pad] * (width - len(r["input_ids"])) for r in batch]),
+                "labels": torch.tensor([r["labels"] + [-100] * (width - len(r["labels"])) for r in batch]),
+                "attention_mask": torch.tensor([[1] * len(r["input_ids"]) + [0] * (width - len(r["input_ids"]))
+                                                for r in batch])}
+
+    args = TrainingArguments(output_dir=a.workdir, per_device_train_batch_size=a.batch, max_steps=a.steps,
+                             learning_rate=1e-3, warmup_steps=2, lr_scheduler_type="cosine", bf16=True, use_cpu=True,
+                             logging_steps=1, save_strategy="no", report_to=[], seed=0, max_grad_norm=1.0,
+                             weight_decay=0.0, dataloader_num_workers=0, remove_unused_columns=False,
+                             disable_tqdm=True)
+    trainer = Trainer(model=net, args=args, train_dataset=rows, data_collator=collate)
+    out["startup_seconds"] = time.time() - t0
+    t = time.perf_counter()
+    result = trainer.train()
+    seconds = time.perf_counter() - t
+    tok.padding_side = "left"
+    acc = evaluate.accuracy(net, task, "test", tok, 32, torch.bfloat16)
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    out.update(tokens_per_second=counted["tokens"] / seconds, train_seconds=seconds, train_tokens=counted["tokens"],
+               test_accuracy=acc, final_loss=losses[-1] if losses else result.training_loss)
+
+
+def worker(a) -> None:
+    t0 = float(os.environ["QFT_BENCH_T0"])
+    out = {"kind": a.worker}
+    (run_qft if a.worker == "qft" else run_baseline)(a, t0, out)
+    out["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    Path(a.json_out).write_text(json.dumps(out))
+
+
+def matmul_ceiling(n: int = 2048, reps: int = 20) -> float:
+    """Dense bf16 matmul throughput on this machine, GFLOP/s (best of a few timed batches)."""
+    import torch
+
+    x, y = torch.randn(n, n, dtype=torch.bfloat16), torch.randn(n, n, dtype=torch.bfloat16)
+    for _ in range(3):
+        x @ y
+    best = 0.0
+    for _ in range(3):
+        t = time.perf_counter()
+        for _ in range(reps):
+            x @ y
+        best = max(best, 2 * n ** 3 * reps / (time.perf_counter() - t) / 1e9)
+    return best
+
+
+def useful_flops_per_step(a, tokens_per_step: float, answer_tokens_per_step: float) -> float:
+    """Forward + backward FLOPs a step needs: frozen projections (forward and input gradient), LoRA
+    (forward, input and weight gradients), attention scores, and the LM head at the answer positions only."""
+    d, kv, ff, layers, vocab, r = 576, 192, 1536, 30, 49152, 8
+    shapes = [(d, d), (d, kv), (d, kv), (d, d), (d, ff), (d, ff), (ff, d)]
+    base = sum(4 * i * o for i, o in shapes)
+    lora = sum(6 * r * (i + o) for i, o in shapes)
+    attn = 3 * 4 * (a.seq / 2) * d  # QK^T and AV, forward + 2x backward, causal average length
+    head = 4 * d * vocab
+    return layers * (base + lora + attn) * tokens_per_step + head * answer_tokens_per_step
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--seq", type=int, default=64)
+    ap.add_argument("--test", type=int, default=200)
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    ap.add_argument("--worker", choices=["qft", "baseline"])
+    ap.add_argument("--json-out")
+    ap.add_argument("--workdir")
+    ap.add_argument("qft_overrides", nargs="*", help="extra qft overrides, e.g. quant.cache_dequantized=true")
+    a = ap.parse_args()
+    if a.worker:
+        return worker(a)
+    out_dir = Path(a.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ceiling = [matmul_ceiling()]
+    runs = []
+    for rep in range(a.reps):
+        for kind in ("qft", "baseline"):
+            work = out_dir / f"work-{kind}-{rep}"
+            js = out_dir / f".{kind}-{rep}.json"
+            env = {**os.environ, "QFT_BENCH_T0": str(time.time()), "QFT_PROGRESS": "0"}
+            cmd = [sys.executable, __file__, "--worker", kind, "--json-out", str(js), "--workdir", str(work),
+                   "--steps", str(a.steps), "--batch", str(a.batch), "--seq", str(a.seq), "--test", str(a.test),
+                   *a.qft_overrides]
+            subprocess.run(cmd, check=True, env=env, cwd=ROOT)
+            runs.append(json.loads(js.read_text()))
+            js.unlink()
+            print(json.dumps(runs[-1]), flush=True)
+    ceiling.append(matmul_ceiling())
+
+    def med(kind, key):
+        return statistics.median(r[key] for r in runs if r["kind"] == kind)
+
+    keys = ("tokens_per_second", "startup_seconds", "peak_rss_bytes", "test_accuracy", "final_loss")
+    summary = {k: {"qft": med("qft", k), "baseline": med("baseline", k)} for k in keys}
+    for k in keys:
+        summary[k]["ratio_qft_over_baseline"] = summary[k]["qft"] / summary[k]["baseline"]
+    q = [r for r in runs if r["kind"] == "qft"]
+    tokens_per_step = statistics.median(r["train_tokens"] / a.steps for r in q)
+    flops = useful_flops_per_step(a, tokens_per_step, a.batch * 1.2)  # BBC label words: 1.2 tokens on average
+    step_seconds = statistics.median(r["train_seconds"] / a.steps for r in q)
+    summary["matmul_ceiling_gflops_bf16"] = statistics.median(ceiling)
+    summary["qft_useful_gflops"] = flops / step_seconds / 1e9
+    summary["qft_mfu"] = summary["qft_useful_gflops"] / summary["matmul_ceiling_gflops_bf16"]
+    summary["settings"] = {"steps": a.steps, "batch": a.batch, "seq": a.seq, "reps": a.reps,
+                           "qft_overrides": a.qft_overrides, "threads": __import__("torch").get_num_threads()}
+    summary["runs"] = runs
+    name = f"speed-seq{a.seq}" + ("-" + "-".join(o.replace("=", "_") for o in a.qft_overrides) if a.qft_overrides else "")
+    (out_dir / f"{name}.json").write_text(json.dumps(summary, indent=1))
+    print(json.dumps({k: v for k, v in summary.items() if k != "runs"}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
