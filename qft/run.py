@@ -4,6 +4,7 @@ train -> evaluate -> result record."""
 from __future__ import annotations
 
 import random
+import shutil
 import time
 import traceback
 from dataclasses import dataclass
@@ -122,6 +123,7 @@ def _train_and_score(cfg, run_dir: Path, config_hash: str, task, tokenizer, buil
     out["final_accuracy"] = {s: acc(s) for s in ("val", "test")} if adapted else zero_shot
     if adapted:
         net.save_pretrained(run_dir / "adapter", safe_serialization=True)
+        shutil.rmtree(run_dir / "checkpoint", ignore_errors=True)  # the finished adapter supersedes it
     out.update(status="ok", adapter_dir=str(run_dir / "adapter") if adapted else None,
                memory=record.peak_memory(device))
     return out
