@@ -116,3 +116,27 @@ def test_resume_refuses_or_ignores_another_configs_checkpoint(tmp_path):
     rec = run.run(make_cfg(*RUN, "train.resume=auto", "train.lr=5e-4"), tmp_path)
     fresh = run.run(make_cfg(*RUN, "train.lr=5e-4"), tmp_path / "fresh")
     assert rec["status"] == "ok" and rec["loss_curve"] == fresh["loss_curve"]
+
+
+def test_ok_records_are_skipped_unless_forced(tmp_path, capsys):
+    first = run.run(make_cfg(*RUN), tmp_path)
+    assert not (tmp_path / "checkpoint").exists()  # an ok run keeps its adapter, not its checkpoint
+    again = run.run(make_cfg(*RUN), tmp_path)
+    assert again == first and "already holds an ok record" in capsys.readouterr().out
+    forced = run.run(make_cfg(*RUN, "sweep.force=true"), tmp_path)
+    assert forced["wall_seconds"] != first["wall_seconds"] and forced["loss_curve"] == first["loss_curve"]
+
+
+def test_nan_loss_is_recorded_as_failed(tmp_path, monkeypatch):
+    import pytest
+
+    real = train.answer_loss
+
+    def poisoned(*args, **kw):
+        loss, n, tokens = real(*args, **kw)
+        return loss * float("nan"), n, tokens
+    monkeypatch.setattr(train, "answer_loss", poisoned)
+    with pytest.raises(FloatingPointError):
+        run.run(make_cfg(*RUN), tmp_path)
+    rec = record.read(tmp_path)
+    assert rec["status"] == "failed" and "loss is nan at step 1" in rec["error"] and rec["traceback"]
