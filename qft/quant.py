@@ -109,12 +109,11 @@ def module_bytes(module: nn.Module) -> int:
 def base_bytes(model: nn.Module, layers: list[L.Layer]) -> dict[str, int]:
     """Bytes of the frozen base per layer type, plus `other` (embeddings, norms, head) and `total`."""
     out = defaultdict(int)
-    names = set()
+    seen = set()
     for layer in layers:
         module = model.get_submodule(layer.name)
         out[layer.layer_type] += module_bytes(module)
-        names.update(id(t) for t in module.parameters(recurse=False))
-    seen = set(names)
+        seen.update(id(t) for t in module.parameters(recurse=False))
     for t in list(model.parameters()) + list(model.buffers()):
         if id(t) not in seen:  # tied embedding/head counted once
             seen.add(id(t))

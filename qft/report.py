@@ -41,11 +41,14 @@ def row(rec: dict, path: Path) -> dict:
          "acc_test": final.get("test"), "acc_val": final.get("val"), "zero_shot_test": zero.get("test"),
          "tokens_per_s": rec.get("train_tokens_per_second"), "peak_rss_bytes": (rec.get("memory") or {}).get("peak_rss_bytes"),
          "wall_seconds": rec.get("wall_seconds"), "base_bytes": (rec.get("base_bytes") or {}).get("total")}
-    for g, v in (rec.get("budget_ranks") or {}).items():
-        r[f"budget_r_{g}"] = v
     flat = flatten(rec.get("config") or {})
     for key, short in AXES.items():
         r[short] = flat.get(key)
+    for g, v in (rec.get("budget_ranks") or {}).items():  # a budget run's ranks were solved, not configured
+        if f"{g}_r" in r:
+            r[f"{g}_r"] = v
+        else:
+            r[f"budget_r_{g}"] = v
     r.update({f"cfg.{k}": v for k, v in flat.items()})
     return r
 

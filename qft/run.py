@@ -24,13 +24,14 @@ def run(cfg, run_dir: Path) -> dict:
     sweep redoes only what failed or never finished.
     """
     started = time.time()
+    config_hash = record.config_hash(cfg)
     previous = record.read(run_dir)
-    if previous and previous.get("status") == "ok" and previous.get("config_hash") == record.config_hash(cfg) \
+    if previous and previous.get("status") == "ok" and previous.get("config_hash") == config_hash \
             and not cfg.sweep.force:
         print(f"qft: {run_dir} already holds an ok record of this config; skipped (sweep.force=true reruns it)")
         return previous
     rec = {"schema": record.SCHEMA, "status": "running", "config": record.resolved(cfg),
-           "config_hash": record.config_hash(cfg), "seed": cfg.seed, "versions": record.versions()}
+           "config_hash": config_hash, "seed": cfg.seed, "versions": record.versions()}
     tracker = logger.Tracker()
     try:
         device = torch.device(config.validate(cfg))
@@ -44,7 +45,7 @@ def run(cfg, run_dir: Path) -> dict:
         t_load = time.time()
         built = build(cfg, source, device)
         rec["load_seconds"] = time.time() - t_load
-        rec.update(_train_and_score(cfg, run_dir, rec["config_hash"], task, tokenizer, built, device, tracker))
+        rec.update(_train_and_score(cfg, run_dir, config_hash, task, tokenizer, built, device, tracker))
     except BaseException as e:
         rec.update(status="failed", error=f"{type(e).__name__}: {e}", wall_seconds=time.time() - started)
         if not isinstance(e, QftError):

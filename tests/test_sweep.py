@@ -146,3 +146,13 @@ def test_parallel_jobs_get_their_own_gpu(monkeypatch, tmp_path):
     assert [pin_gpu(n, {}) for n in range(5)] == ["0", "1", "2", "0", "1"]
     assert pin_gpu(4, {"SLURM_JOB_ID": "7"}) is None
     assert pin_gpu(4, {"CUDA_VISIBLE_DEVICES": "3"}) is None
+
+
+def test_report_uses_the_ranks_a_budget_solved(tmp_path):
+    cfg = make_cfg("budget.params=20000", "budget.tolerance=0.05", "data.train_size=16", "data.val_size=5",
+                   "data.test_size=10", "train.steps=1", "train.batch_size=4", "train.zero_shot=false",
+                   "train.checkpoint_every=0", "train.eval_every=0")
+    rec = run.run(cfg, tmp_path / "b")
+    df = report.collect([tmp_path])
+    assert (df.attn_r[0], df.mlp_r[0]) == (rec["budget_ranks"]["attn"], rec["budget_ranks"]["mlp"])
+    assert df.params[0] == rec["budget_ranks"]["attn"] * 1792 + rec["budget_ranks"]["mlp"] * 2688
