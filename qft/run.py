@@ -1,5 +1,9 @@
-"""One QLoRA fine-tune, top to bottom: config -> validate -> base -> quantize -> adapters -> data ->
-train -> evaluate -> result record."""
+"""One QLoRA fine-tune, top to bottom: config -> validate -> resolve the model (config only) -> data ->
+base -> quantize -> adapters -> train -> evaluate -> result record.
+
+Data comes before the weights so that every input problem (labels, splits, a max length too short for the
+prompt) fails in seconds, before the heavy loading.
+"""
 
 from __future__ import annotations
 
