@@ -210,6 +210,7 @@ def train(model, task: Task, cfg, run_dir: Path, dtype: torch.dtype, pad_id: int
             raise FloatingPointError(f"loss is {mean} at step {history.step + 1}")
         if cfg.max_grad_norm:
             torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+        lr = sched.get_last_lr()[0]  # the rate this step used
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
@@ -217,11 +218,11 @@ def train(model, task: Task, cfg, run_dir: Path, dtype: torch.dtype, pad_id: int
         history.loss.append([history.step, mean])
         history.train_tokens += tokens
         history.train_seconds += time.perf_counter() - t0
+        tokens_per_s = history.train_tokens / history.train_seconds
         bar.update(1)
-        bar.set_postfix(loss=f"{mean:.4f}", tok_s=f"{history.train_tokens / history.train_seconds:.0f}")
+        bar.set_postfix(loss=f"{mean:.4f}", tok_s=f"{tokens_per_s:.0f}")
         last = history.step == cfg.steps
-        metrics = {"train/loss": mean, "train/lr": sched.get_last_lr()[0],
-                   "train/tokens_per_s": history.train_tokens / history.train_seconds}
+        metrics = {"train/loss": mean, "train/lr": lr, "train/tokens_per_s": tokens_per_s}
         if evaluate and cfg.eval_every and history.step % cfg.eval_every == 0 and not last:
             history.val_accuracy.append([history.step, evaluate("val")])
             metrics["val/accuracy"] = history.val_accuracy[-1][1]
