@@ -6,6 +6,7 @@ status and everything measured.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -27,8 +28,11 @@ def resolved(cfg) -> dict:
     return OmegaConf.to_container(cfg, resolve=True)
 
 
-def config_hash(cfg) -> str:
-    conf = resolved(cfg)
+def config_hash(cfg, ignore: tuple = ()) -> str:
+    """sha256 of what a run computes; `ignore` drops more top-level keys (the report pools seeds so)."""
+    conf = copy.deepcopy(cfg) if isinstance(cfg, dict) else resolved(cfg)
+    for key in ignore:
+        conf.pop(key, None)
     if (conf.get("budget") or {}).get("params") is None:
         conf.pop("budget", None)  # a budget that is off is no part of the config
     for path in _NOT_HASHED:

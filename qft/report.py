@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from qft.record import RECORD, flatten
+from qft.record import RECORD, config_hash, flatten
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -35,6 +35,7 @@ def row(rec: dict, path: Path) -> dict:
     final, zero = rec.get("final_accuracy") or {}, rec.get("zero_shot_accuracy") or {}
     r = {"run_dir": str(path.parent), "status": rec.get("status"), "error": rec.get("error"),
          "config_hash": rec.get("config_hash"), "seed": rec.get("seed"),
+         "config_key": config_hash(rec.get("config") or {}, ignore=("seed",)),
          "experiment": (rec.get("config") or {}).get("experiment"),
          "params": params.get("total"), "params_attn": per_type.get("attn"), "params_mlp": per_type.get("mlp"),
          "adapted": "+".join(t for t in ("attn", "mlp") if per_type.get(t)) or "none",
@@ -68,10 +69,8 @@ def collect(paths) -> "pd.DataFrame":
 
 
 def grouped(df) -> "pd.DataFrame":
-    """One row per configuration (all config but the seed), accuracy as mean, sd and 95% interval."""
+    """One row per configuration (the config hash without the seed), accuracy as mean, sd and 95% interval."""
     ok = df[df.status == "ok"].copy()
-    cfg_cols = [c for c in ok.columns if c.startswith("cfg.") and c != "cfg.seed"]
-    ok["config_key"] = ok[cfg_cols].apply(lambda r: "|".join(map(str, r)), axis=1)
     keep = ["params", "params_attn", "params_mlp", "adapted", *[a for a in AXES.values() if ok[a].notna().any()]]
     g = ok.groupby("config_key", sort=False)
     out = g[keep].first()
