@@ -7,7 +7,7 @@ depth is known (from its config, before any weight is read).
 
 from __future__ import annotations
 
-from qft import adapter, budget, data, logger, quant, train
+from qft import adapter, budget, data, logger, offload, quant, train
 from qft.errors import QftError
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -39,4 +39,8 @@ def validate(cfg, depth: int | None = None) -> str:
     data.check(cfg.data)
     train.check(cfg.train, dev)
     logger.check(cfg.logger)
+    offload.check(cfg.offload)
+    if cfg.offload.mode == "pipeline" and cfg.train.batch_size % cfg.offload.micro_batches:
+        raise QftError("offload.micro_batches", cfg.offload.micro_batches,
+                       f"must divide train.batch_size={cfg.train.batch_size}")
     return dev

@@ -102,7 +102,7 @@ def _train_and_score(cfg, run_dir: Path, config_hash: str, task, tokenizer, buil
     zero_shot = {s: acc(s) for s in ("val", "test")} if cfg.train.zero_shot or not adapted else None
     if adapted:
         history = train.train(net, task, cfg.train, run_dir, dtype, tokenizer.pad_token_id, cfg.seed, config_hash,
-                              evaluate=acc, track=tracker.metrics)
+                              evaluate=acc, track=tracker.metrics, offload_cfg=cfg.offload)
     else:  # no adapter anywhere: the untrained base is the result
         history = train.History(completed=True)
     base = net.get_base_model() if adapted else net

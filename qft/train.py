@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 
 from qft.data import Task, batch
 from qft.errors import QftError
+from qft import offload
 from qft.model import autocast, device_of
 
 OPTIMIZERS = ("adamw", "adamw8bit", "paged_adamw8bit")
@@ -176,7 +177,7 @@ def load_checkpoint(folder: Path, model, opt, sched, config_hash: str, strict: b
 # --------------------------------------------------------------------------- the loop
 
 def train(model, task: Task, cfg, run_dir: Path, dtype: torch.dtype, pad_id: int, seed: int,
-          config_hash: str, evaluate=None, track=None) -> History:
+          config_hash: str, evaluate=None, track=None, offload_cfg=None) -> History:
     """Fine-tune the trainable (adapter) parameters; `evaluate(split)` is called every `eval_every` steps
     and `track(metrics, step)` after every step."""
     params = [p for p in model.parameters() if p.requires_grad]
@@ -200,8 +201,9 @@ def train(model, task: Task, cfg, run_dir: Path, dtype: torch.dtype, pad_id: int
         n_answer = sum(len(split.answers[i]) for idx in micro for i in idx)
         total, tokens = 0.0, 0
         for idx in micro:
-            loss, _, seq_tokens = answer_loss(model, [split.prompts[i] for i in idx],
-                                              [split.answers[i] for i in idx], pad_id, dtype)
+            with offload.hooks(offload_cfg, device_of(model)):
+                loss, _, seq_tokens = answer_loss(model, [split.prompts[i] for i in idx],
+                                                  [split.answers[i] for i in idx], pad_id, dtype)
             (loss / n_answer).backward()
             total += loss.item()
             tokens += seq_tokens
