@@ -20,6 +20,28 @@ import torch
 from qft.errors import QftError
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+COMPUTE_DTYPES = (*DTYPES, "auto")
+
+
+def native_bf16(device: torch.device | str = "cpu") -> bool:
+    """Whether bf16 matmuls run in hardware. On a CPU without AMX or AVX512-BF16 they are emulated and
+    measured 60x slower than fp32 (AVX2 EPYC: 0.3 vs 19 GFLOP/s), while with AMX bf16 is about 3x fp32."""
+    if torch.device(device).type == "cuda":
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def compute_dtype_name(name: str, device: torch.device | str = "cpu") -> str:
+    """`auto` is bf16 where the hardware has it, else fp32; explicit names are kept."""
+    return name if name != "auto" else ("bf16" if native_bf16(device) else "fp32")
+
+
+def compute_dtype(name: str, device: torch.device | str = "cpu") -> torch.dtype:
+    return DTYPES[compute_dtype_name(name, device)]
 
 
 @dataclass

@@ -14,7 +14,7 @@ from torch import nn
 
 from qft import layers as L
 from qft.errors import QftError
-from qft.model import DTYPES
+from qft.model import COMPUTE_DTYPES, compute_dtype as dtype_of
 
 BLOCK_SIZES = (64, 128, 256, 512, 1024, 2048, 4096)
 
@@ -42,8 +42,8 @@ DEFAULTS = {"bits": 4, "quant_type": "nf4", "double_quant": True, "block_size": 
 
 
 def check(cfg, depth: int | None = None) -> None:
-    if cfg.compute_dtype not in DTYPES:
-        raise QftError("quant.compute_dtype", cfg.compute_dtype, f"allowed: {', '.join(DTYPES)}")
+    if cfg.compute_dtype not in COMPUTE_DTYPES:
+        raise QftError("quant.compute_dtype", cfg.compute_dtype, f"allowed: {', '.join(COMPUTE_DTYPES)}")
     if cfg.get("cache_dequantized", False) not in (True, False):
         raise QftError("quant.cache_dequantized", cfg.cache_dequantized, "true or false")
     L.check_spec(cfg, "quant", FIELDS, depth, other_keys=("compute_dtype", "cache_dequantized"))
@@ -107,7 +107,7 @@ class Dequantized(nn.Linear):
 
 def quantize(model: nn.Module, cfg, layers: list[L.Layer], device: torch.device) -> dict[str, dict]:
     """Swap every projection in place and move the model to `device`; return each projection's settings."""
-    compute_dtype = DTYPES[cfg.compute_dtype]
+    compute_dtype = dtype_of(cfg.compute_dtype, device)
     settings = plan(cfg, layers)
     cache = cfg.get("cache_dequantized", False)
     for layer in layers:

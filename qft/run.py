@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from qft import adapter, budget, config, data, evaluate, layers, logger, model, quant, record, train
+from qft import adapter, budget, config, data, evaluate, layers, logger, model, pipeline, quant, record, train
 from qft.errors import QftError
 
 
@@ -28,6 +28,7 @@ def run(cfg, run_dir: Path) -> dict:
     sweep redoes only what failed or never finished.
     """
     started = time.time()
+    _name_auto_dtype(cfg)
     config_hash = record.config_hash(cfg)
     previous = record.read(run_dir)
     if previous and previous.get("status") == "ok" and previous.get("config_hash") == config_hash \
@@ -42,27 +43,41 @@ def run(cfg, run_dir: Path) -> dict:
         source = model.resolve(cfg.model, cfg.cache_dir)
         rec["budget_ranks"] = budget.apply(cfg, budget.meta_layers(source)) if cfg.budget.params is not None else None
         config.validate(cfg, depth=source.num_layers)
+        stages = pipeline.plan(cfg) if cfg.offload.mode == "pipeline" else None  # a budget too small fails here
+        if stages:
+            rec["pipeline"] = stages.__dict__
+            device = pipeline.init(cfg, device)
         tokenizer = model.load_tokenizer(source)
         task = data.prepare(cfg.data, tokenizer, cfg.cache_dir)
         tracker = logger.make(cfg.logger, run_dir, cfg.experiment)
         tracker.params(record.flatten(rec["config"]))
         t_load = time.time()
-        built = build(cfg, source, device)
+        built = build(cfg, source, torch.device("cpu") if stages else device)  # a stage moves its own layers
         rec["load_seconds"] = time.time() - t_load
-        rec.update(_train_and_score(cfg, run_dir, config_hash, task, tokenizer, built, device, tracker))
+        rec.update(_train_and_score(cfg, run_dir, config_hash, task, tokenizer, built, device, tracker, stages))
     except BaseException as e:
         rec.update(status="failed", error=f"{type(e).__name__}: {e}", wall_seconds=time.time() - started)
         if not isinstance(e, QftError):
             rec["traceback"] = traceback.format_exc(limit=20)
-        record.write(run_dir, rec)
+        if pipeline.world()[0] == 0:
+            record.write(run_dir, rec)
         tracker.close("failed")
         raise
+    if pipeline.world()[0] != 0:  # pipeline stages other than the first: rank 0 writes the record
+        return rec
     rec["wall_seconds"] = time.time() - started
     record.write(run_dir, rec)
     tracker.metrics({f"{k}/{s}": v for k in ("zero_shot_accuracy", "final_accuracy")
                      for s, v in (rec.get(k) or {}).items()}, rec["steps"])
     tracker.close(rec["status"])
     return rec
+
+
+def _name_auto_dtype(cfg) -> None:
+    """Replace compute_dtype=auto by what it means on this machine, so the record and its hash say what ran."""
+    if cfg.quant.compute_dtype == "auto":
+        dev = "cuda" if cfg.device in ("cuda", "auto") and torch.cuda.is_available() else "cpu"
+        cfg.quant.compute_dtype = model.compute_dtype_name("auto", dev)
 
 
 @dataclass
@@ -91,16 +106,23 @@ def build(cfg, source: model.Source, device: torch.device) -> Built:
     return Built(net, projections, bits, plan, adapter.count(plan, projections, depth_groups), base_bytes)
 
 
-def _train_and_score(cfg, run_dir: Path, config_hash: str, task, tokenizer, built: Built, device, tracker) -> dict:
+def _train_and_score(cfg, run_dir: Path, config_hash: str, task, tokenizer, built: Built, device, tracker,
+                     stages: pipeline.Plan | None = None) -> dict:
     net = built.model
-    dtype = model.DTYPES[cfg.quant.compute_dtype]
+    dtype = model.compute_dtype(cfg.quant.compute_dtype, device)
 
     def acc(split: str) -> float:
         return evaluate.accuracy(net, task, split, tokenizer, cfg.train.eval_batch_size, dtype)
 
     adapted = built.params["total"] > 0
-    zero_shot = {s: acc(s) for s in ("val", "test")} if cfg.train.zero_shot or not adapted else None
-    if adapted:
+    lead = pipeline.world()[0] == 0  # in a pipeline, rank 0 holds the whole model and scores it
+    zero_shot = {s: acc(s) for s in ("val", "test")} if lead and (cfg.train.zero_shot or not adapted) else None
+    if stages:
+        history, stage = pipeline.train(net, task, cfg, stages, dtype, tokenizer.pad_token_id, cfg.seed, device)
+        pipeline.gather(net, stage, run_dir)
+        if not lead:
+            return {"status": "ok", "loss_curve": history.loss}
+    elif adapted:
         history = train.train(net, task, cfg.train, run_dir, dtype, tokenizer.pad_token_id, cfg.seed, config_hash,
                               evaluate=acc, track=tracker.metrics, offload_cfg=cfg.offload)
     else:  # no adapter anywhere: the untrained base is the result

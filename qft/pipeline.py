@@ -1,0 +1,355 @@
+"""Pipeline-parallel QLoRA: the decoder cut into contiguous stages, one process (and device) each.
+
+    torchrun --nproc-per-node 2 -m qft offload=pipeline offload.stages=2 [offload.schedule=gpipe]
+
+Each process builds the same quantized, adapter-wrapped model (so every LoRA weight starts exactly as in a
+single-process run), keeps only its stage's layers, and runs torch.distributed.pipelining's GPipe or 1F1B
+schedule over the step's micro-batches (gloo on CPU, NCCL on GPUs). Gradients are clipped by the global
+norm across stages and every stage steps its own AdamW, so the loss curve and the adapter match the
+single-process run to numerical tolerance. Afterwards the stages' adapter weights are gathered on rank 0,
+which scores and records the run as usual.
+
+The stage boundaries come from `plan`: balanced on per-stage PEAK memory (frozen base, adapter, gradients
+and optimizer states plus the activations of the micro-batches a stage holds in flight: up to p - s in
+1F1B), not on parameter counts, which a 4-bit frozen base makes meaningless; with a per-device budget it
+also picks the stages whose activations go to host memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from qft import offload
+from qft.errors import QftError
+from qft.model import autocast
+
+GB = 1024 ** 3
+
+
+# --------------------------------------------------------------------------- planning
+
+def in_flight(stage: int, stages: int, micro_batches: int, schedule: str) -> int:
+    """Micro-batches of activations stage `stage` holds at its peak."""
+    return micro_batches if schedule == "gpipe" else min(micro_batches, stages - stage)
+
+
+@dataclass
+class Plan:
+    boundaries: list  # first layer of each stage after the first
+    offloaded: list  # stages whose saved activations live in host memory
+    peaks: list  # estimated bytes per stage
+    layers: list = field(default_factory=list)  # [lo, hi) per stage
+
+
+def _peak(fixed, act, lo, hi, s, p, m, schedule, off, ends, work=None) -> float:
+    """Peak bytes of stage s holding layers [lo, hi): fixed bytes, activations in flight (one
+    micro-batch's working set when offloaded), the largest transient of a layer's backward, and the
+    embedding or head at the ends."""
+    n_act = 1 if off else in_flight(s, p, m, schedule)
+    total = sum(fixed[lo:hi]) + n_act * sum(act[lo:hi]) + (max(work[lo:hi]) if work else 0)
+    if s == 0:
+        total += ends[0]
+    if s == p - 1:
+        total += ends[1]
+    return total
+
+
+def balance(fixed, act, stages: int, micro_batches: int, schedule: str, ends=(0.0, 0.0),
+            offloaded=(), work=None) -> tuple[list, list]:
+    """Contiguous split of the layers into `stages` that minimises the largest stage peak (exact DP)."""
+    n = len(fixed)
+    if n < stages:
+        raise QftError("offload.stages", stages, f"at most the number of decoder layers ({n})")
+    inf = float("inf")
+    # best[s][i]: smallest max-peak of stages 0..s-1 covering layers [0, i)
+    best = [[inf] * (n + 1) for _ in range(stages + 1)]
+    cut = [[0] * (n + 1) for _ in range(stages + 1)]
+    best[0][0] = 0.0
+    for s in range(1, stages + 1):
+        for i in range(s, n - (stages - s) + 1):
+            for j in range(s - 1, i):
+                if best[s - 1][j] == inf:
+                    continue
+                v = max(best[s - 1][j], _peak(fixed, act, j, i, s - 1, stages, micro_batches, schedule,
+                                              s - 1 in offloaded, ends, work))
+                if v < best[s][i]:
+                    best[s][i], cut[s][i] = v, j
+    bounds, i = [], n
+    for s in range(stages, 0, -1):
+        i = cut[s][i]
+        bounds.append(i)
+    bounds = sorted(bounds)[1:]
+    return bounds, peaks_of(fixed, act, bounds, micro_batches, schedule, ends, offloaded, work)
+
+
+def uniform(n: int, stages: int) -> list:
+    return [round(n * s / stages) for s in range(1, stages)]
+
+
+def peaks_of(fixed, act, bounds, micro_batches, schedule, ends=(0.0, 0.0), offloaded=(), work=None) -> list:
+    edges = [0, *bounds, len(fixed)]
+    p = len(edges) - 1
+    return [_peak(fixed, act, edges[s], edges[s + 1], s, p, micro_batches, schedule, s in offloaded, ends, work)
+            for s in range(p)]
+
+
+def plan_split(fixed, act, stages: int, micro_batches: int, schedule: str, ends=(0.0, 0.0), split="memory",
+               budget: float | None = None, offload_stages="auto", work=None) -> Plan:
+    """Stage boundaries and offloaded stages. With a budget and `offload_stages=auto`, offload the fewest
+    stages (the earliest, which hold the most in flight, first) that let a balanced split fit; every copy
+    costs step time, so fewer offloaded stages is cheaper."""
+    n = len(fixed)
+
+    def split_for(off):
+        if split == "uniform":
+            b = uniform(n, stages)
+            return b, peaks_of(fixed, act, b, micro_batches, schedule, ends, off, work)
+        if split == "memory":
+            return balance(fixed, act, stages, micro_batches, schedule, ends, off, work)
+        b = list(split)
+        if len(b) != stages - 1 or b != sorted(b) or len(set(b)) != len(b) or not all(0 < x < n for x in b):
+            raise QftError("offload.split", split, f"memory, uniform, or {stages - 1} increasing layer indices "
+                                                   f"in 1..{n - 1}")
+        return b, peaks_of(fixed, act, b, micro_batches, schedule, ends, off, work)
+
+    if offload_stages != "auto":
+        off = sorted(offload_stages)
+        if any(not isinstance(s, int) or not 0 <= s < stages for s in off):
+            raise QftError("offload.offload_stages", offload_stages, f"auto or stage indices in 0..{stages - 1}")
+        candidates = [off]
+    elif budget is None:
+        candidates = [[]]
+    else:
+        candidates = [list(range(k)) for k in range(stages + 1)]
+    for off in candidates:
+        bounds, peaks = split_for(off)
+        if budget is None or max(peaks) <= budget:
+            edges = [0, *bounds, n]
+            return Plan(bounds, off, peaks, [[edges[s], edges[s + 1]] for s in range(stages)])
+    smallest = max(split_for(candidates[-1])[1])
+    raise QftError("offload.device_budget_gb", round(budget / GB, 3),
+                   f"too small for {stages} stages even with {'every' if offload_stages == 'auto' else 'the listed'}"
+                   f" stage offloaded; the smallest budget that fits is {smallest / GB:.3f} GB "
+                   f"(or use more stages)")
+
+
+def plan(cfg) -> Plan:
+    """The plan for a composed config, from the memory model's per-layer costs (no weights needed)."""
+    from qft import memory
+
+    costs = memory.layer_costs(cfg)
+    layers = [c for c in costs if c.name.startswith("layer.")]
+    embed, head = costs[0], costs[-1]  # the head's logits are held per micro-batch only while it runs
+    ends = (embed.fixed, head.fixed + head.act + head.work)
+    o = cfg.offload
+    split = o.split if isinstance(o.split, str) else list(o.split)
+    if isinstance(split, str) and split not in ("memory", "uniform"):
+        raise QftError("offload.split", split, "memory, uniform, or a list of stage boundaries")
+    budget = None if o.device_budget_gb is None else o.device_budget_gb * GB
+    stages_off = o.offload_stages if isinstance(o.offload_stages, str) else list(o.offload_stages)
+    if isinstance(stages_off, str) and stages_off != "auto":
+        raise QftError("offload.offload_stages", stages_off, "auto or a list of stage indices")
+    return plan_split([c.fixed for c in layers], [c.act for c in layers], o.stages, o.micro_batches, o.schedule,
+                      ends, split, budget, stages_off, [c.work for c in layers])
+
+
+# --------------------------------------------------------------------------- processes
+
+def world() -> tuple[int, int]:
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+def init(cfg, device: torch.device) -> torch.device:
+    """Join the process group torchrun set up; one device per stage."""
+    import torch.distributed as dist
+
+    rank, size = world()
+    if size != cfg.offload.stages:
+        raise QftError("offload.stages", cfg.offload.stages,
+                       f"launch one process per stage: torchrun --nproc-per-node {cfg.offload.stages} -m qft ... "
+                       f"(this run has {size})")
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return device
+
+
+class Stage(nn.Module):
+    """Layers [lo, hi) of a LLaMA-family decoder, plus the embedding (first) or norm + head (last)."""
+
+    def __init__(self, base, lo: int, hi: int, first: bool, last: bool, dtype: torch.dtype, hooks=None):
+        super().__init__()
+        inner = base.model
+        self.config = inner.config
+        self.embed = inner.embed_tokens if first else None
+        self.layers = nn.ModuleList(inner.layers[lo:hi])
+        self.rotary = inner.rotary_emb
+        self.norm, self.head = (inner.norm, base.lm_head) if last else (None, None)
+        self.dtype, self.hooks = dtype, hooks
+        self.keep = 1  # logits at the last `keep` positions only (set per step)
+
+    def forward(self, x, attention_mask):
+        from transformers.masking_utils import create_causal_mask
+
+        dev = attention_mask.device
+        with autocast(dev, self.dtype), (self.hooks or contextlib.nullcontext()):
+            h = self.embed(x) if self.embed is not None else x
+            pos = (attention_mask.cumsum(1) - 1).clamp(min=0)
+            mask = create_causal_mask(config=self.config, inputs_embeds=h, attention_mask=attention_mask,
+                                      cache=None, position_ids=pos)
+            rope = self.rotary(h, position_ids=pos)
+            for layer in self.layers:
+                h = layer(h, attention_mask=mask, position_embeddings=rope, position_ids=pos)
+            if self.head is None:
+                return h
+            return self.head(self.norm(h)[:, -self.keep:, :])[:, :-1]
+
+
+def stage_of(net, the_plan: Plan, rank: int, dtype, device, offloaded: bool) -> Stage:
+    """This rank's stage, on its device; the other ranks' layers are dropped (rank 0 keeps the whole model
+    on the host, to score it once the adapter weights are gathered)."""
+    base = net.get_base_model()
+    lo, hi = the_plan.layers[rank]
+    p = len(the_plan.layers)
+    hooks = offload.ActivationOffload(pin_memory=device.type == "cuda") if offloaded else None
+    stage = Stage(base, lo, hi, rank == 0, rank == p - 1, dtype, hooks)
+    if rank != 0:
+        for i, layer in enumerate(base.model.layers):
+            if not lo <= i < hi:
+                base.model.layers[i] = nn.Module()  # keeps the names (and so the adapter keys) of the rest
+    return stage.to(device)
+
+
+def _global_clip(params, max_norm: float, group=None) -> None:
+    """clip_grad_norm_ over the parameters of every stage: the norm of one model, not of each piece."""
+    import torch.distributed as dist
+
+    grads = [p.grad for p in params if p.grad is not None]
+    sq = torch.zeros(1, dtype=torch.float64)
+    for g in grads:
+        sq += g.detach().double().pow(2).sum().cpu()
+    dist.all_reduce(sq, group=group)
+    total = sq.sqrt().item()
+    coef = max_norm / (total + 1e-6)
+    if coef < 1:
+        for g in grads:
+            g.mul_(coef)
+
+
+def train(net, task, cfg, the_plan: Plan, dtype, pad_id: int, seed: int, device: torch.device):
+    """The pipelined counterpart of qft.train.train: same batches, loss, clipping, AdamW and schedule."""
+    import math
+    import time
+
+    import torch.distributed as dist
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    from tqdm.auto import tqdm
+
+    from qft.data import batch
+    from qft.train import History, _optimizer, lr_factor, micro_batch_indices
+
+    rank, p = world()
+    tcfg, ocfg = cfg.train, cfg.offload
+    stage = stage_of(net, the_plan, rank, dtype, device, rank in the_plan.offloaded)
+    if tcfg.gradient_checkpointing:
+        net.get_base_model().gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    stage.train()
+    params = [q for q in stage.parameters() if q.requires_grad]
+    opt = _optimizer(tcfg, params)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(tcfg, s))
+    schedule_cls = Schedule1F1B if ocfg.schedule == "1f1b" else ScheduleGPipe
+    split = task.splits["train"]
+    n = len(split.prompts)
+    history = History()
+    hidden = stage.config.hidden_size
+    bar = tqdm(total=tcfg.steps, desc=f"train stage {rank}", dynamic_ncols=True,
+               disable=os.environ.get("QFT_PROGRESS", "1") == "0" or rank != p - 1)
+    while history.step < tcfg.steps:
+        t0 = time.perf_counter()
+        micro = [micro_batch_indices(n, tcfg.batch_size, history.step * tcfg.grad_accum + a, seed)
+                 for a in range(tcfg.grad_accum)]
+        n_answer = sum(len(split.answers[i]) for idx in micro for i in idx)
+        total, tokens = torch.zeros(1, dtype=torch.float64), 0
+        for idx in micro:
+            prompts, answers = [split.prompts[i] for i in idx], [split.answers[i] for i in idx]
+            ids, mask, _ = batch([a + b for a, b in zip(prompts, answers)], pad_id)
+            k = max(map(len, answers))
+            lengths = torch.tensor([len(a) for a in answers])
+            target = ids[:, -k:].clone()
+            target[torch.arange(k)[None, :] < (k - lengths)[:, None]] = -100
+            stage.keep = k + 1
+            mb = ids.shape[0] // ocfg.micro_batches
+            width = ids.shape[1]
+
+            def loss_fn(logits, tgt):
+                return nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), tgt.reshape(-1),
+                                                   ignore_index=-100, reduction="sum") / n_answer
+
+            # shapes change with every batch's longest sequence, so each step describes its own stage I/O
+            h_meta = torch.empty(mb, width, hidden, device="meta", requires_grad=True)
+            example = torch.empty(mb, width, dtype=torch.long, device="meta") if rank == 0 else h_meta
+            out_example = h_meta if rank < p - 1 else \
+                torch.empty(mb, k, stage.head.out_features, dtype=dtype, device="meta", requires_grad=True)
+            pipe = PipelineStage(stage, rank, p, device, input_args=(example,), output_args=(out_example,))
+            schedule = schedule_cls(pipe, n_microbatches=ocfg.micro_batches, loss_fn=loss_fn)
+            kwargs = {"attention_mask": mask.to(device)}
+            losses = []
+            if rank == 0:
+                schedule.step(ids.to(device), **kwargs)
+            elif rank == p - 1:
+                schedule.step(target=target.to(device), losses=losses, **kwargs)
+            else:
+                schedule.step(**kwargs)
+            if rank == p - 1:
+                total += sum(float(x) for x in losses) * n_answer
+            tokens += int(mask.sum())
+        dist.broadcast(total, src=p - 1)  # every stage learns the loss (and stops together on NaN)
+        mean = total.item() / n_answer
+        if not math.isfinite(mean):
+            raise FloatingPointError(f"loss is {mean} at step {history.step + 1}")
+        if tcfg.max_grad_norm:
+            _global_clip(params, tcfg.max_grad_norm)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        history.step += 1
+        history.loss.append([history.step, mean])
+        history.train_tokens += tokens
+        history.train_seconds += time.perf_counter() - t0
+        bar.update(1)
+        bar.set_postfix(loss=f"{mean:.4f}", tok_s=f"{history.train_tokens / history.train_seconds:.0f}")
+    bar.close()
+    history.completed = True
+    return history, stage
+
+
+def gather(net, stage: Stage, run_dir: Path) -> None:
+    """Bring every stage's trained adapter weights into rank 0's whole model (through the run directory)."""
+    import torch.distributed as dist
+    from safetensors.torch import load_file, save_file
+
+    rank, p = world()
+    folder = run_dir / "pipeline"
+    folder.mkdir(parents=True, exist_ok=True)
+    names = {id(q): n for n, q in net.named_parameters()}
+    if rank != 0:
+        save_file({names[id(q)]: q.detach().cpu().contiguous() for q in stage.parameters() if q.requires_grad},
+                  str(folder / f"stage-{rank}.safetensors"))
+    dist.barrier()
+    if rank == 0:
+        params = dict(net.named_parameters())
+        with torch.no_grad():
+            for s in range(1, p):
+                for n, t in load_file(str(folder / f"stage-{s}.safetensors")).items():
+                    params[n].copy_(t)
+        for s in range(1, p):
+            (folder / f"stage-{s}.safetensors").unlink()
+        folder.rmdir()
