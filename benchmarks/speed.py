@@ -68,8 +68,9 @@ def run_baseline(a, t0: float, out: dict) -> None:
     source = model.resolve(cfg.model, cfg.cache_dir)
     tok = model.load_tokenizer(source)
     task = data.prepare(cfg.data, tok, cfg.cache_dir)
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[a.baseline_dtype]
     q = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                           bnb_4bit_compute_dtype=torch.bfloat16)
+                           bnb_4bit_compute_dtype=dtype)
     net = AutoModelForCausalLM.from_pretrained(source.weights, quantization_config=q, device_map="cpu")
     net = prepare_model_for_kbit_training(net, use_gradient_checkpointing=False)
     net = get_peft_model(net, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.05, target_modules=PROJ,
@@ -88,7 +89,8 @@ def run_baseline(a, t0: float, out: dict) -> None:
                                                 for r in batch])}
 
     args = TrainingArguments(output_dir=a.workdir, per_device_train_batch_size=a.batch, max_steps=a.steps,
-                             learning_rate=1e-3, warmup_steps=2, lr_scheduler_type="cosine", bf16=True, use_cpu=True,
+                             learning_rate=1e-3, warmup_steps=2, lr_scheduler_type="cosine", bf16=dtype == torch.bfloat16,
+                             use_cpu=True,
                              logging_steps=1, save_strategy="no", report_to=[], seed=0, max_grad_norm=1.0,
                              weight_decay=0.0, dataloader_num_workers=0, remove_unused_columns=False,
                              disable_tqdm=True)
@@ -98,7 +100,7 @@ def run_baseline(a, t0: float, out: dict) -> None:
     result = trainer.train()
     seconds = time.perf_counter() - t
     tok.padding_side = "left"
-    acc = evaluate.accuracy(net, task, "test", tok, 32, torch.bfloat16)
+    acc = evaluate.accuracy(net, task, "test", tok, 32, dtype)
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     out.update(tokens_per_second=counted["tokens"] / seconds, train_seconds=seconds, train_tokens=counted["tokens"],
                test_accuracy=acc, final_loss=losses[-1] if losses else result.training_loss)
@@ -112,18 +114,20 @@ def worker(a) -> None:
     Path(a.json_out).write_text(json.dumps(out))
 
 
-def matmul_ceiling(n: int = 2048, reps: int = 20) -> float:
-    """Dense bf16 matmul throughput on this machine, GFLOP/s (best of a few timed batches)."""
+def matmul_ceiling(dtype: str = "bf16", n: int = 1024, seconds: float = 1.0) -> float:
+    """Dense matmul throughput in `dtype` on this machine, GFLOP/s: best of 3 batches of about `seconds`
+    each (time-boxed, because emulated bf16 on a CPU without bf16 units runs at well under 1 GFLOP/s)."""
     import torch
 
-    x, y = torch.randn(n, n, dtype=torch.bfloat16), torch.randn(n, n, dtype=torch.bfloat16)
-    for _ in range(3):
-        x @ y
+    dt = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
+    x, y = torch.randn(n, n, dtype=dt), torch.randn(n, n, dtype=dt)
+    x @ y
     best = 0.0
     for _ in range(3):
-        t = time.perf_counter()
-        for _ in range(reps):
+        t, reps = time.perf_counter(), 0
+        while time.perf_counter() - t < seconds:
             x @ y
+            reps += 1
         best = max(best, 2 * n ** 3 * reps / (time.perf_counter() - t) / 1e9)
     return best
 
@@ -148,6 +152,8 @@ def main() -> None:
     ap.add_argument("--test", type=int, default=200)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    ap.add_argument("--baseline-dtype", choices=["bf16", "fp32"], default="bf16",
+                    help="the stock recipe's bnb_4bit_compute_dtype (bf16 is the published QLoRA recipe)")
     ap.add_argument("--worker", choices=["qft", "baseline"])
     ap.add_argument("--json-out")
     ap.add_argument("--workdir")
@@ -157,7 +163,10 @@ def main() -> None:
         return worker(a)
     out_dir = Path(a.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    ceiling = [matmul_ceiling()]
+    from qft.model import compute_dtype_name
+
+    qft_dtype = compute_dtype_name(compose(a).quant.compute_dtype)  # what qft computes in on this machine
+    ceiling = {d: [matmul_ceiling(d)] for d in ("bf16", "fp32")}
     runs = []
     for rep in range(a.reps):
         for kind in ("qft", "baseline"):
@@ -166,12 +175,13 @@ def main() -> None:
             env = {**os.environ, "QFT_BENCH_T0": str(time.time()), "QFT_PROGRESS": "0"}
             cmd = [sys.executable, __file__, "--worker", kind, "--json-out", str(js), "--workdir", str(work),
                    "--steps", str(a.steps), "--batch", str(a.batch), "--seq", str(a.seq), "--test", str(a.test),
-                   *a.qft_overrides]
+                   "--baseline-dtype", a.baseline_dtype, *a.qft_overrides]
             subprocess.run(cmd, check=True, env=env, cwd=ROOT)
             runs.append(json.loads(js.read_text()))
             js.unlink()
             print(json.dumps(runs[-1]), flush=True)
-    ceiling.append(matmul_ceiling())
+    for d in ceiling:
+        ceiling[d].append(matmul_ceiling(d))
 
     def med(kind, key):
         return statistics.median(r[key] for r in runs if r["kind"] == kind)
@@ -184,13 +194,16 @@ def main() -> None:
     tokens_per_step = statistics.median(r["train_tokens"] / a.steps for r in q)
     flops = useful_flops_per_step(a, tokens_per_step, a.batch * 1.2)  # BBC label words: 1.2 tokens on average
     step_seconds = statistics.median(r["train_seconds"] / a.steps for r in q)
-    summary["matmul_ceiling_gflops_bf16"] = statistics.median(ceiling)
+    summary["matmul_ceiling_gflops"] = {d: statistics.median(v) for d, v in ceiling.items()}
+    summary["qft_compute_dtype"] = qft_dtype
     summary["qft_useful_gflops"] = flops / step_seconds / 1e9
-    summary["qft_mfu"] = summary["qft_useful_gflops"] / summary["matmul_ceiling_gflops_bf16"]
-    summary["settings"] = {"steps": a.steps, "batch": a.batch, "seq": a.seq, "reps": a.reps,
-                           "qft_overrides": a.qft_overrides, "threads": __import__("torch").get_num_threads()}
+    summary["qft_mfu"] = summary["qft_useful_gflops"] / summary["matmul_ceiling_gflops"][qft_dtype]
+    summary["settings"] = {"steps": a.steps, "batch": a.batch, "seq": a.seq, "reps": a.reps, "test": a.test,
+                           "baseline_dtype": a.baseline_dtype, "qft_overrides": a.qft_overrides,
+                           "threads": __import__("torch").get_num_threads(), "cpu_capability":
+                           __import__("torch").backends.cpu.get_cpu_capability()}
     summary["runs"] = runs
-    name = f"speed-seq{a.seq}" + ("-" + "-".join(o.replace("=", "_") for o in a.qft_overrides) if a.qft_overrides else "")
+    name = f"speed-seq{a.seq}-baseline_{a.baseline_dtype}" + ("-" + "-".join(o.replace("=", "_") for o in a.qft_overrides) if a.qft_overrides else "")
     (out_dir / f"{name}.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps({k: v for k, v in summary.items() if k != "runs"}, indent=1))
 

@@ -253,6 +253,7 @@ def train(net, task, cfg, the_plan: Plan, dtype, pad_id: int, seed: int, device:
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
     from tqdm.auto import tqdm
 
+    from qft import memory
     from qft.data import batch
     from qft.train import History, _optimizer, lr_factor, micro_batch_indices
 
@@ -269,6 +270,7 @@ def train(net, task, cfg, the_plan: Plan, dtype, pad_id: int, seed: int, device:
     split = task.splits["train"]
     n = len(split.prompts)
     history = History()
+    measured = {}
     hidden = stage.config.hidden_size
     bar = tqdm(total=tcfg.steps, desc=f"train stage {rank}", dynamic_ncols=True,
                disable=os.environ.get("QFT_PROGRESS", "1") == "0" or rank != p - 1)
@@ -277,40 +279,50 @@ def train(net, task, cfg, the_plan: Plan, dtype, pad_id: int, seed: int, device:
         micro = [micro_batch_indices(n, tcfg.batch_size, history.step * tcfg.grad_accum + a, seed)
                  for a in range(tcfg.grad_accum)]
         n_answer = sum(len(split.answers[i]) for idx in micro for i in idx)
-        total, tokens = torch.zeros(1, dtype=torch.float64), 0
-        for idx in micro:
-            prompts, answers = [split.prompts[i] for i in idx], [split.answers[i] for i in idx]
-            ids, mask, _ = batch([a + b for a, b in zip(prompts, answers)], pad_id)
-            k = max(map(len, answers))
-            lengths = torch.tensor([len(a) for a in answers])
-            target = ids[:, -k:].clone()
-            target[torch.arange(k)[None, :] < (k - lengths)[:, None]] = -100
-            stage.keep = k + 1
-            mb = ids.shape[0] // ocfg.micro_batches
-            width = ids.shape[1]
+        def forward_backward():
+            total, tokens = torch.zeros(1, dtype=torch.float64), 0
+            for idx in micro:
+                prompts, answers = [split.prompts[i] for i in idx], [split.answers[i] for i in idx]
+                ids, mask, _ = batch([a + b for a, b in zip(prompts, answers)], pad_id)
+                k = max(map(len, answers))
+                lengths = torch.tensor([len(a) for a in answers])
+                target = ids[:, -k:].clone()
+                target[torch.arange(k)[None, :] < (k - lengths)[:, None]] = -100
+                stage.keep = k + 1
+                mb = ids.shape[0] // ocfg.micro_batches
+                width = ids.shape[1]
 
-            def loss_fn(logits, tgt):
-                return nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), tgt.reshape(-1),
-                                                   ignore_index=-100, reduction="sum") / n_answer
+                def loss_fn(logits, tgt):
+                    return nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), tgt.reshape(-1),
+                                                       ignore_index=-100, reduction="sum") / n_answer
 
-            # shapes change with every batch's longest sequence, so each step describes its own stage I/O
-            h_meta = torch.empty(mb, width, hidden, device="meta", requires_grad=True)
-            example = torch.empty(mb, width, dtype=torch.long, device="meta") if rank == 0 else h_meta
-            out_example = h_meta if rank < p - 1 else \
-                torch.empty(mb, k, stage.head.out_features, dtype=dtype, device="meta", requires_grad=True)
-            pipe = PipelineStage(stage, rank, p, device, input_args=(example,), output_args=(out_example,))
-            schedule = schedule_cls(pipe, n_microbatches=ocfg.micro_batches, loss_fn=loss_fn)
-            kwargs = {"attention_mask": mask.to(device)}
-            losses = []
-            if rank == 0:
-                schedule.step(ids.to(device), **kwargs)
-            elif rank == p - 1:
-                schedule.step(target=target.to(device), losses=losses, **kwargs)
-            else:
-                schedule.step(**kwargs)
-            if rank == p - 1:
-                total += sum(float(x) for x in losses) * n_answer
-            tokens += int(mask.sum())
+                # shapes change with every batch's longest sequence, so each step describes its own stage I/O
+                h_meta = torch.empty(mb, width, hidden, device="meta", requires_grad=True)
+                example = torch.empty(mb, width, dtype=torch.long, device="meta") if rank == 0 else h_meta
+                out_example = h_meta if rank < p - 1 else \
+                    torch.empty(mb, k, stage.head.out_features, dtype=dtype, device="meta", requires_grad=True)
+                pipe = PipelineStage(stage, rank, p, device, input_args=(example,), output_args=(out_example,))
+                schedule = schedule_cls(pipe, n_microbatches=ocfg.micro_batches, loss_fn=loss_fn)
+                kwargs = {"attention_mask": mask.to(device)}
+                losses = []
+                if rank == 0:
+                    schedule.step(ids.to(device), **kwargs)
+                elif rank == p - 1:
+                    schedule.step(target=target.to(device), losses=losses, return_outputs=False, **kwargs)
+                else:
+                    schedule.step(**kwargs)
+                if rank == p - 1:
+                    total += sum(float(x) for x in losses) * n_answer
+                tokens += int(mask.sum())
+            return total, tokens
+
+        if history.step == 1 or tcfg.steps == 1:  # measured once, when the optimizer states exist
+            out = {}
+            peak = memory.measure_peak(lambda: out.update(r=forward_backward()), device)
+            total, tokens = out["r"]
+            measured = {"resident": memory.tensor_bytes(stage, opt), "step_peak": peak}
+        else:
+            total, tokens = forward_backward()
         dist.broadcast(total, src=p - 1)  # every stage learns the loss (and stops together on NaN)
         mean = total.item() / n_answer
         if not math.isfinite(mean):
@@ -328,7 +340,9 @@ def train(net, task, cfg, the_plan: Plan, dtype, pad_id: int, seed: int, device:
         bar.set_postfix(loss=f"{mean:.4f}", tok_s=f"{history.train_tokens / history.train_seconds:.0f}")
     bar.close()
     history.completed = True
-    return history, stage
+    everyone = [None] * p
+    dist.all_gather_object(everyone, {**measured, "layers": the_plan.layers[rank], "device": str(device)})
+    return history, stage, everyone
 
 
 def gather(net, stage: Stage, run_dir: Path) -> None:

@@ -117,8 +117,10 @@ def _train_and_score(cfg, run_dir: Path, config_hash: str, task, tokenizer, buil
     adapted = built.params["total"] > 0
     lead = pipeline.world()[0] == 0  # in a pipeline, rank 0 holds the whole model and scores it
     zero_shot = {s: acc(s) for s in ("val", "test")} if lead and (cfg.train.zero_shot or not adapted) else None
+    measured = None  # per-stage memory of a pipeline run
     if stages:
-        history, stage = pipeline.train(net, task, cfg, stages, dtype, tokenizer.pad_token_id, cfg.seed, device)
+        history, stage, measured = pipeline.train(net, task, cfg, stages, dtype, tokenizer.pad_token_id, cfg.seed,
+                                                  device)
         pipeline.gather(net, stage, run_dir)
         if not lead:
             return {"status": "ok", "loss_curve": history.loss}
@@ -136,6 +138,7 @@ def _train_and_score(cfg, run_dir: Path, config_hash: str, task, tokenizer, buil
         "data": {"task": task.kind, "labels": task.label_words, "cache_key": task.cache_key,
                  "sizes": {s: len(v.prompts) for s, v in task.splits.items()}},
         "zero_shot_accuracy": zero_shot,
+        "pipeline_measured": measured,
         "loss_curve": history.loss,
         "val_curve": history.val_accuracy,
         "steps": history.step,
