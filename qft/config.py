@@ -40,6 +40,8 @@ def validate(cfg, depth: int | None = None) -> str:
     train.check(cfg.train, dev)
     logger.check(cfg.logger)
     offload.check(cfg.offload)
+    if cfg.offload.route == "neighbour" and dev != "cuda":
+        raise QftError("offload.route", "neighbour", "needs CUDA GPUs with peer access (an NVLink bridge); use host")
     if cfg.offload.mode == "pipeline" and cfg.train.batch_size % cfg.offload.micro_batches:
         raise QftError("offload.micro_batches", cfg.offload.micro_batches,
                        f"must divide train.batch_size={cfg.train.batch_size}")

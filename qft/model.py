@@ -197,6 +197,21 @@ def load(source: Source):
     return model
 
 
+def fingerprint(source: Source) -> str:
+    """Identifies the weights a load gives: the files (names, sizes, mtimes) of a folder, or the config and
+    seed of a random model; derived caches (the quantized base) are keyed by it."""
+    h = hashlib.sha256()
+    if source.weights is None:
+        h.update(source.config.to_json_string().encode())
+        h.update(str(source.seed).encode())
+    else:
+        for f in sorted(Path(source.weights).rglob("*")):
+            if f.is_file():
+                st = f.stat()
+                h.update(f"{f.relative_to(source.weights)}:{st.st_size}:{st.st_mtime_ns}".encode())
+    return h.hexdigest()
+
+
 def device_of(model) -> torch.device:
     return next(model.parameters()).device
 

@@ -47,8 +47,11 @@ def check(cfg) -> None:
 class ActivationOffload(torch.autograd.graph.saved_tensors_hooks):
     """Saved-tensor hooks that keep activations in host memory between forward and backward."""
 
-    def __init__(self, min_bytes: int = 1024, prefetch: int = 2, pin_memory: bool = True):
-        self.min_bytes, self.prefetch = min_bytes, prefetch
+    def __init__(self, min_bytes: int = 1024, prefetch: int = 2, pin_memory: bool = True,
+                 via: torch.device | None = None):
+        """`via`: a peer GPU (NVLink neighbour) whose PCIe link carries the copies to and from the host,
+        leaving this GPU's own link free (the route of Liu, Lai, Li's memory-balanced pipeline)."""
+        self.min_bytes, self.prefetch, self.via = min_bytes, prefetch, via
         self.host: dict[int, tuple[torch.Tensor, torch.device]] = {}
         self.ready: dict[int, tuple[torch.Tensor, object]] = {}  # prefetched back on the device
         self.in_flight: list[tuple[torch.Tensor, object]] = []  # device tensors whose copy out is running
@@ -68,7 +71,10 @@ class ActivationOffload(torch.autograd.graph.saved_tensors_hooks):
             host = torch.empty_like(t, device="cpu", pin_memory=self.pin)
             self.stream.wait_stream(torch.cuda.current_stream(t.device))
             with torch.cuda.stream(self.stream):
-                host.copy_(t, non_blocking=True)
+                if self.via is not None:  # over NVLink to the neighbour, then over its PCIe link
+                    host.copy_(t.to(self.via, non_blocking=True), non_blocking=True)
+                else:
+                    host.copy_(t, non_blocking=True)
                 done = torch.cuda.Event()
                 done.record(self.stream)
             self.in_flight.append((t, done))  # keep the device tensor alive until its copy is out
@@ -83,7 +89,7 @@ class ActivationOffload(torch.autograd.graph.saved_tensors_hooks):
         if device.type != "cuda":
             return host, None
         with torch.cuda.stream(self.stream):
-            t = host.to(device, non_blocking=True)
+            t = (host.to(self.via, non_blocking=True) if self.via is not None else host).to(device, non_blocking=True)
             done = torch.cuda.Event()
             done.record(self.stream)
         return t, done
@@ -104,8 +110,20 @@ class ActivationOffload(torch.autograd.graph.saved_tensors_hooks):
         return t
 
 
+def neighbour(device: torch.device) -> torch.device:
+    """The NVLink pair partner of a GPU (0-1, 2-3, ...), if this GPU can reach its memory directly."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        raise QftError("offload.route", "neighbour", "needs CUDA GPUs with peer access (an NVLink bridge); use host")
+    i = device.index if device.index is not None else torch.cuda.current_device()
+    j = i ^ 1
+    if j >= torch.cuda.device_count() or not torch.cuda.can_device_access_peer(i, j):
+        raise QftError("offload.route", "neighbour", f"GPU {i} has no peer access to GPU {j}; use host")
+    return torch.device("cuda", j)
+
+
 def hooks(cfg, device: torch.device):
     """The context to run a forward under: offload hooks for mode `activations`, else nothing."""
     if cfg is None or cfg.mode != "activations":
         return contextlib.nullcontext()
-    return ActivationOffload(prefetch=2 if cfg.prefetch else 0, pin_memory=device.type == "cuda")
+    via = neighbour(device) if cfg.route == "neighbour" else None
+    return ActivationOffload(prefetch=2 if cfg.prefetch else 0, pin_memory=device.type == "cuda", via=via)

@@ -143,10 +143,12 @@ def plan(cfg) -> Plan:
     """The plan for a composed config, from the memory model's per-layer costs (no weights needed)."""
     from qft import memory
 
-    costs = memory.layer_costs(cfg)
+    resolved = memory.plan(cfg)
+    costs = memory.layer_costs(cfg, plan_=resolved)
     layers = [c for c in costs if c.name.startswith("layer.")]
     embed, head = costs[0], costs[-1]  # the head's logits are held per micro-batch only while it runs
-    ends = (embed.fixed, head.fixed + head.act + head.work)
+    # a tied head is the embedding matrix, which the last stage then holds as well as the first
+    ends = (embed.fixed, head.fixed + head.act + head.work + (embed.fixed if resolved.tied else 0))
     o = cfg.offload
     split = o.split if isinstance(o.split, str) else list(o.split)
     if isinstance(split, str) and split not in ("memory", "uniform"):
@@ -213,13 +215,14 @@ class Stage(nn.Module):
             return self.head(self.norm(h)[:, -self.keep:, :])[:, :-1]
 
 
-def stage_of(net, the_plan: Plan, rank: int, dtype, device, offloaded: bool) -> Stage:
+def stage_of(net, the_plan: Plan, rank: int, dtype, device, offloaded: bool, the_route: str = "host") -> Stage:
     """This rank's stage, on its device; the other ranks' layers are dropped (rank 0 keeps the whole model
     on the host, to score it once the adapter weights are gathered)."""
     base = net.get_base_model()
     lo, hi = the_plan.layers[rank]
     p = len(the_plan.layers)
-    hooks = offload.ActivationOffload(pin_memory=device.type == "cuda") if offloaded else None
+    via = offload.neighbour(device) if offloaded and the_route == "neighbour" else None
+    hooks = offload.ActivationOffload(pin_memory=device.type == "cuda", via=via) if offloaded else None
     stage = Stage(base, lo, hi, rank == 0, rank == p - 1, dtype, hooks)
     if rank != 0:
         for i, layer in enumerate(base.model.layers):
@@ -259,7 +262,7 @@ def train(net, task, cfg, the_plan: Plan, dtype, pad_id: int, seed: int, device:
 
     rank, p = world()
     tcfg, ocfg = cfg.train, cfg.offload
-    stage = stage_of(net, the_plan, rank, dtype, device, rank in the_plan.offloaded)
+    stage = stage_of(net, the_plan, rank, dtype, device, rank in the_plan.offloaded, ocfg.route)
     if tcfg.gradient_checkpointing:
         net.get_base_model().gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     stage.train()

@@ -7,7 +7,9 @@ LM head are left in fp32.
 
 from __future__ import annotations
 
+import os
 from collections import defaultdict
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -44,9 +46,10 @@ DEFAULTS = {"bits": 4, "quant_type": "nf4", "double_quant": True, "block_size": 
 def check(cfg, depth: int | None = None) -> None:
     if cfg.compute_dtype not in COMPUTE_DTYPES:
         raise QftError("quant.compute_dtype", cfg.compute_dtype, f"allowed: {', '.join(COMPUTE_DTYPES)}")
-    if cfg.get("cache_dequantized", False) not in (True, False):
-        raise QftError("quant.cache_dequantized", cfg.cache_dequantized, "true or false")
-    L.check_spec(cfg, "quant", FIELDS, depth, other_keys=("compute_dtype", "cache_dequantized"))
+    for key in ("cache_dequantized", "cache_quantized"):
+        if cfg.get(key, False) not in (True, False):
+            raise QftError(f"quant.{key}", cfg[key], "true or false")
+    L.check_spec(cfg, "quant", FIELDS, depth, other_keys=("compute_dtype", "cache_dequantized", "cache_quantized"))
 
 
 def plan(cfg, layers: list[L.Layer]) -> dict[str, dict]:
@@ -105,18 +108,103 @@ class Dequantized(nn.Linear):
         return nn.functional.linear(x.to(self.weight.dtype), self.weight, self.bias).to(x.dtype)
 
 
-def quantize(model: nn.Module, cfg, layers: list[L.Layer], device: torch.device) -> dict[str, dict]:
-    """Swap every projection in place and move the model to `device`; return each projection's settings."""
+def _tensors(q: nn.Module) -> dict[str, torch.Tensor]:
+    """What rebuilds a quantized projection without quantizing it again."""
+    out = {"weight": q.weight.data}
+    if type(q).__name__ == "Linear4bit":
+        out.update({f"qs.{k}": v for k, v in q.weight.quant_state.as_dict(packed=True).items()})
+    elif type(q).__name__ == "Linear8bitLt":
+        out["SCB"] = q.weight.SCB
+    elif isinstance(q, Dequantized):
+        out["quantized_bytes"] = torch.tensor([q.quantized_bytes])
+    if q.bias is not None:
+        out["bias"] = q.bias.data
+    return {k: v.detach().cpu().contiguous() for k, v in out.items()}
+
+
+def _rebuilt(t: dict, s: dict, in_f: int, out_f: int, compute_dtype: torch.dtype, device) -> nn.Module:
+    import bitsandbytes as bnb
+
+    # the modules are built as _quantized builds them (with nn.Linear's random init, then replaced), so the
+    # global RNG, and with it the seeded LoRA init that follows, is the same with or without the cache
+    bias = "bias" in t
+    if "quantized_bytes" in t:
+        nn.Linear(in_f, out_f, bias=bias)  # the RNG draws of the Linear4bit the dequantized copy came from
+        q = Dequantized.__new__(Dequantized)
+        nn.Module.__init__(q)
+        q.in_features, q.out_features, q.quant_type = in_f, out_f, s["quant_type"]
+        q.quantized_bytes = int(t["quantized_bytes"].item())
+        q.weight = nn.Parameter(t["weight"], requires_grad=False)
+        q.bias = nn.Parameter(t["bias"], requires_grad=False) if bias else None
+        return q.to(device)
+    if s["bits"] == 4:
+        q = bnb.nn.Linear4bit(in_f, out_f, bias=bias, compute_dtype=compute_dtype,
+                              compress_statistics=s["double_quant"], quant_type=s["quant_type"],
+                              quant_storage=torch.uint8)
+        stats = {k[3:]: v for k, v in t.items() if k.startswith("qs.")}
+        q.weight = bnb.nn.Params4bit.from_prequantized(t["weight"], stats, requires_grad=False, device=device,
+                                                       module=q)
+        q.support_avx512bf16_for_cpu = False
+    elif s["bits"] == 8:
+        q = bnb.nn.Linear8bitLt(in_f, out_f, bias=bias, has_fp16_weights=False, threshold=float(s["threshold"]))
+        q.weight = bnb.nn.Int8Params(t["weight"].to(device), requires_grad=False, has_fp16_weights=False)
+        q.weight.CB, q.weight.SCB = q.weight.data, t["SCB"].to(device)
+    else:
+        q = nn.Linear(in_f, out_f, bias=bias, dtype=compute_dtype)
+        q.weight = nn.Parameter(t["weight"].to(device), requires_grad=False)
+    if bias:
+        q.bias = nn.Parameter(t["bias"].to(device), requires_grad=False)
+    return q
+
+
+def quantize(model: nn.Module, cfg, layers: list[L.Layer], device: torch.device,
+             cache: Path | None = None) -> dict[str, dict]:
+    """Swap every projection in place and move the model to `device`; return each projection's settings.
+
+    With `cache` (a file named by the model's fingerprint and these settings), the quantized tensors are
+    stored once and later runs rebuild the modules from them: bitsandbytes' CPU quantization is most of a
+    sweep run's start-up, and it is deterministic, so the rebuilt base is the same tensors.
+    """
+    from safetensors.torch import load_file, save_file
+
     compute_dtype = dtype_of(cfg.compute_dtype, device)
     settings = plan(cfg, layers)
-    cache = cfg.get("cache_dequantized", False)
+    dequantize = cfg.get("cache_dequantized", False)
+    stored = load_file(str(cache)) if cache is not None and cache.exists() else None
+    keep = {}
     for layer in layers:
         parent_name, _, child = layer.name.rpartition(".")
         parent = model.get_submodule(parent_name)
-        q = _quantized(getattr(parent, child), settings[layer.name], compute_dtype, device)
-        setattr(parent, child, Dequantized(q) if cache and settings[layer.name]["bits"] == 4 else q)
+        s = settings[layer.name]
+        if stored is not None:
+            t = {k[len(layer.name) + 1:]: v for k, v in stored.items() if k.startswith(layer.name + ".")}
+            q = _rebuilt(t, s, layer.in_features, layer.out_features, compute_dtype, device)
+        else:
+            q = _quantized(getattr(parent, child), s, compute_dtype, device)
+            q = Dequantized(q) if dequantize and s["bits"] == 4 else q
+            if cache is not None:
+                keep.update({f"{layer.name}.{k}": v for k, v in _tensors(q).items()})
+        setattr(parent, child, q)
     model.to(device)
+    if keep:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_name(f".{cache.name}.{os.getpid()}")
+        save_file(keep, str(tmp))
+        os.replace(tmp, cache)  # atomic: parallel sweep jobs may fill the same entry
     return settings
+
+
+def cache_file(cfg, layers: list[L.Layer], fingerprint: str, device: torch.device, cache_dir) -> Path:
+    """Where a base quantized with these settings is kept: named by the model and every setting that
+    changes the quantized tensors (and the bitsandbytes version that made them)."""
+    import hashlib
+    import json
+    from importlib.metadata import version
+
+    key = json.dumps({"model": fingerprint, "plan": plan(cfg, layers), "dtype": str(dtype_of(cfg.compute_dtype, device)),
+                      "dequantized": bool(cfg.get("cache_dequantized", False)), "device": device.type,
+                      "bitsandbytes": version("bitsandbytes")}, sort_keys=True)
+    return Path(cache_dir).expanduser() / "quantized" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.safetensors"
 
 
 def module_bytes(module: nn.Module) -> int:

@@ -23,7 +23,7 @@ SCHEMA = 1
 # keys that change how a run is executed, resumed, logged or swept, not what it computes (the speed and
 # memory switches are tested to give the same losses and gradients)
 _NOT_HASHED = {("train", "resume"), ("train", "stop_after_steps"), ("cache_dir",), ("sweep",), ("grid",), ("logger",),
-               ("quant", "cache_dequantized"), ("offload",)}
+               ("quant", "cache_dequantized"), ("quant", "cache_quantized"), ("offload",)}
 
 
 def resolved(cfg) -> dict:

@@ -99,7 +99,9 @@ def build(cfg, source: model.Source, device: torch.device) -> Built:
     torch.manual_seed(cfg.seed)
     net = model.load(source)
     projections = layers.classify(net, source.model_type)
-    bits = quant.quantize(net, cfg.quant, projections, device)
+    cached = quant.cache_file(cfg.quant, projections, model.fingerprint(source), device, cfg.cache_dir) \
+        if cfg.quant.get("cache_quantized", True) else None
+    bits = quant.quantize(net, cfg.quant, projections, device, cached)
     base_bytes = quant.base_bytes(net, projections)
     net, plan = adapter.attach(net, cfg.adapter, projections)
     depth_groups = {g: tuple(v["layers"]) for g, v in (cfg.adapter.depth_groups or {}).items()} or None

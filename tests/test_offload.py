@@ -52,7 +52,8 @@ def test_parameters_and_small_tensors_stay_put():
                                           ("offload.schedule=zb", "offload.schedule"),
                                           ("offload.stages=2", "offload.stages"),
                                           ("offload=pipeline offload.stages=1", "offload.stages"),
-                                          ("offload=pipeline offload.micro_batches=3", "offload.micro_batches")])
+                                          ("offload=pipeline offload.micro_batches=3", "offload.micro_batches"),
+                                          ("offload=activations offload.route=neighbour", "offload.route")])
 def test_bad_offload_settings_name_the_key(override, key):
     from qft import config
     from qft.errors import QftError

@@ -11,7 +11,7 @@ def base_layer(built, name):
 
 
 def test_mixed_bits_per_module():
-    _, _, built = build("quant=attn8_mlp4", "+quant.projections.down_proj={bits:16}",
+    _, _, built = build("quant=attn8_mlp4", "quant.compute_dtype=bf16", "+quant.projections.down_proj={bits:16}",
                         "+quant.depth_groups.first={layers:[0,0],bits:4,quant_type:fp4,types:[attn]}")
     for layer in built.projections:
         got = quant.describe(base_layer(built, layer.name))

@@ -43,3 +43,21 @@ def test_cache_dequantized_changes_no_numbers(preset):
         a = base.get_submodule(layer.name).base_layer
         b = ref_built.model.get_base_model().get_submodule(layer.name).base_layer
         assert quant.describe(a) == quant.describe(b)
+
+
+@pytest.mark.parametrize("preset,extra", [("nf4", []), ("fp4", []), ("attn8_mlp4", []), ("none", []),
+                                          ("nf4", ["quant.cache_dequantized=true"])])
+def test_quantized_base_cache_rebuilds_the_same_model(preset, extra, tmp_path, monkeypatch):
+    where = quant.cache_file
+    monkeypatch.setattr(quant, "cache_file", lambda cfg, layers, fp, dev, _: where(cfg, layers, fp, dev, tmp_path))
+    over = [f"quant={preset}", *extra]
+    _, ref_loss, ref_grads, ref_logits = loss_grads_logits(*over, "quant.cache_quantized=false")
+    assert not list(tmp_path.glob("quantized/*"))
+    first = loss_grads_logits(*over)  # quantizes and fills the cache
+    assert len(list(tmp_path.glob("quantized/*.safetensors"))) == 1
+    monkeypatch.setattr(quant, "_quantized", lambda *a, **k: pytest.fail("quantized again despite the cache"))
+    built, loss, grads, logits = loss_grads_logits(*over)  # rebuilt from the cache
+    for got in (first[1:], (loss, grads, logits)):
+        assert got[0] == ref_loss and torch.equal(got[2], ref_logits)
+        assert all(torch.equal(got[1][k], ref_grads[k]) for k in ref_grads)
+    assert built.base_bytes == first[0].base_bytes
