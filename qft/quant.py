@@ -7,6 +7,7 @@ LM head are left in fp32.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections import defaultdict
 from pathlib import Path
@@ -122,14 +123,17 @@ def _tensors(q: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().cpu().contiguous() for k, v in out.items()}
 
 
-def _rebuilt(t: dict, s: dict, in_f: int, out_f: int, compute_dtype: torch.dtype, device) -> nn.Module:
+def _rebuilt(t: dict, s: dict, in_f: int, out_f: int, compute_dtype: torch.dtype, device, draw: bool) -> nn.Module:
+    """With `draw`, the modules are built as _quantized builds them (nn.Linear's random init, then replaced),
+    so the global RNG, and with it the seeded LoRA init that follows, is the same as without the cache;
+    without, they are built on the meta device and the caller restores the RNG state those draws end in."""
     import bitsandbytes as bnb
 
-    # the modules are built as _quantized builds them (with nn.Linear's random init, then replaced), so the
-    # global RNG, and with it the seeded LoRA init that follows, is the same with or without the cache
     bias = "bias" in t
+    at = None if draw else "meta"
     if "quantized_bytes" in t:
-        nn.Linear(in_f, out_f, bias=bias)  # the RNG draws of the Linear4bit the dequantized copy came from
+        if draw:
+            nn.Linear(in_f, out_f, bias=bias)  # the draws of the Linear4bit the dequantized copy came from
         q = Dequantized.__new__(Dequantized)
         nn.Module.__init__(q)
         q.in_features, q.out_features, q.quant_type = in_f, out_f, s["quant_type"]
@@ -140,17 +144,18 @@ def _rebuilt(t: dict, s: dict, in_f: int, out_f: int, compute_dtype: torch.dtype
     if s["bits"] == 4:
         q = bnb.nn.Linear4bit(in_f, out_f, bias=bias, compute_dtype=compute_dtype,
                               compress_statistics=s["double_quant"], quant_type=s["quant_type"],
-                              quant_storage=torch.uint8)
+                              quant_storage=torch.uint8, device=at)
         stats = {k[3:]: v for k, v in t.items() if k.startswith("qs.")}
         q.weight = bnb.nn.Params4bit.from_prequantized(t["weight"], stats, requires_grad=False, device=device,
                                                        module=q)
         q.support_avx512bf16_for_cpu = False
     elif s["bits"] == 8:
-        q = bnb.nn.Linear8bitLt(in_f, out_f, bias=bias, has_fp16_weights=False, threshold=float(s["threshold"]))
+        q = bnb.nn.Linear8bitLt(in_f, out_f, bias=bias, has_fp16_weights=False, threshold=float(s["threshold"]),
+                                device=at)
         q.weight = bnb.nn.Int8Params(t["weight"].to(device), requires_grad=False, has_fp16_weights=False)
         q.weight.CB, q.weight.SCB = q.weight.data, t["SCB"].to(device)
     else:
-        q = nn.Linear(in_f, out_f, bias=bias, dtype=compute_dtype)
+        q = nn.Linear(in_f, out_f, bias=bias, dtype=compute_dtype, device=at)
         q.weight = nn.Parameter(t["weight"].to(device), requires_grad=False)
     if bias:
         q.bias = nn.Parameter(t["bias"].to(device), requires_grad=False)
@@ -165,12 +170,16 @@ def quantize(model: nn.Module, cfg, layers: list[L.Layer], device: torch.device,
     stored once and later runs rebuild the modules from them: bitsandbytes' CPU quantization is most of a
     sweep run's start-up, and it is deterministic, so the rebuilt base is the same tensors.
     """
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
 
     compute_dtype = dtype_of(cfg.compute_dtype, device)
     settings = plan(cfg, layers)
     dequantize = cfg.get("cache_dequantized", False)
     stored = load_file(str(cache)) if cache is not None and cache.exists() else None
+    # the RNG state the module inits end in, for this RNG state before them: restoring it skips the draws
+    before = hashlib.sha256(torch.get_rng_state().numpy().tobytes()).hexdigest()[:16]
+    rng_file = cache.with_name(f"{cache.stem}.rng-{before}.safetensors") if cache is not None else None
+    after = load_file(str(rng_file))["rng"] if stored is not None and rng_file.exists() else None
     keep = {}
     for layer in layers:
         parent_name, _, child = layer.name.rpartition(".")
@@ -178,7 +187,7 @@ def quantize(model: nn.Module, cfg, layers: list[L.Layer], device: torch.device,
         s = settings[layer.name]
         if stored is not None:
             t = {k[len(layer.name) + 1:]: v for k, v in stored.items() if k.startswith(layer.name + ".")}
-            q = _rebuilt(t, s, layer.in_features, layer.out_features, compute_dtype, device)
+            q = _rebuilt(t, s, layer.in_features, layer.out_features, compute_dtype, device, draw=after is None)
         else:
             q = _quantized(getattr(parent, child), s, compute_dtype, device)
             q = Dequantized(q) if dequantize and s["bits"] == 4 else q
@@ -186,18 +195,28 @@ def quantize(model: nn.Module, cfg, layers: list[L.Layer], device: torch.device,
                 keep.update({f"{layer.name}.{k}": v for k, v in _tensors(q).items()})
         setattr(parent, child, q)
     model.to(device)
+    if after is not None:
+        torch.set_rng_state(after)
+    elif cache is not None:
+        _atomic_save({"rng": torch.get_rng_state()}, rng_file)
     if keep:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_name(f".{cache.name}.{os.getpid()}")
-        save_file(keep, str(tmp))
-        os.replace(tmp, cache)  # atomic: parallel sweep jobs may fill the same entry
+        _atomic_save(keep, cache)
     return settings
+
+
+def _atomic_save(tensors: dict, path: Path) -> None:
+    """Temp file + rename: parallel sweep jobs may fill the same entry."""
+    from safetensors.torch import save_file
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    save_file(tensors, str(tmp))
+    os.replace(tmp, path)
 
 
 def cache_file(cfg, layers: list[L.Layer], fingerprint: str, device: torch.device, cache_dir) -> Path:
     """Where a base quantized with these settings is kept: named by the model and every setting that
     changes the quantized tensors (and the bitsandbytes version that made them)."""
-    import hashlib
     import json
     from importlib.metadata import version
 

@@ -53,11 +53,18 @@ def test_quantized_base_cache_rebuilds_the_same_model(preset, extra, tmp_path, m
     over = [f"quant={preset}", *extra]
     _, ref_loss, ref_grads, ref_logits = loss_grads_logits(*over, "quant.cache_quantized=false")
     assert not list(tmp_path.glob("quantized/*"))
-    first = loss_grads_logits(*over)  # quantizes and fills the cache
-    assert len(list(tmp_path.glob("quantized/*.safetensors"))) == 1
+    first = loss_grads_logits(*over)  # quantizes and fills the cache: the tensors, and the RNG state after
+    rng = list(tmp_path.glob("quantized/*.rng-*.safetensors"))
+    assert len(list(tmp_path.glob("quantized/*.safetensors"))) == 2 and len(rng) == 1
     monkeypatch.setattr(quant, "_quantized", lambda *a, **k: pytest.fail("quantized again despite the cache"))
-    built, loss, grads, logits = loss_grads_logits(*over)  # rebuilt from the cache
-    for got in (first[1:], (loss, grads, logits)):
+    rng[0].unlink()  # without the RNG state, the modules are built drawing the RNG as quantizing did
+    second = loss_grads_logits(*over)
+    assert rng[0].exists()
+    rebuilt, draws = quant._rebuilt, []
+    monkeypatch.setattr(quant, "_rebuilt", lambda *a, draw: draws.append(draw) or rebuilt(*a, draw=draw))
+    built, loss, grads, logits = loss_grads_logits(*over)  # built on meta, the RNG state restored
+    assert draws and not any(draws)
+    for got in (first[1:], second[1:], (loss, grads, logits)):
         assert got[0] == ref_loss and torch.equal(got[2], ref_logits)
         assert all(torch.equal(got[1][k], ref_grads[k]) for k in ref_grads)
     assert built.base_bytes == first[0].base_bytes
