@@ -12,6 +12,7 @@ useful forward + backward FLOPs of its steps over that ceiling.
 from __future__ import annotations
 
 import argparse
+import shutil
 import json
 import os
 import resource
@@ -29,7 +30,7 @@ def overrides(a) -> list[str]:
     return [f"train.steps={a.steps}", f"train.batch_size={a.batch}", f"data.max_length={a.seq}", "train.lr=1e-3",
             "train.warmup_steps=2", "train.eval_every=0", "train.checkpoint_every=0", "train.zero_shot=false",
             f"data.train_size={a.batch * a.steps}", "data.val_size=10", f"data.test_size={a.test}",
-            "adapter.dropout=0.05", *a.qft_overrides]
+            "adapter.dropout=0.05", "sweep.force=true", *a.qft_overrides]  # never reuse an earlier record
 
 
 def compose(a):
@@ -171,6 +172,7 @@ def main() -> None:
     for rep in range(a.reps):
         for kind in ("qft", "baseline"):
             work = out_dir / f"work-{kind}-{rep}"
+            shutil.rmtree(work, ignore_errors=True)
             js = out_dir / f".{kind}-{rep}.json"
             env = {**os.environ, "QFT_BENCH_T0": str(time.time()), "QFT_PROGRESS": "0"}
             cmd = [sys.executable, __file__, "--worker", kind, "--json-out", str(js), "--workdir", str(work),

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from qft.errors import QftError
+from qft.errors import QftError, one_of
 
 SPLITS = ("train", "val", "test")
 PLACEHOLDER = "\uE000TEXT\uE000"
@@ -131,10 +131,8 @@ TASKS = ("classification", "instruction")
 
 
 def check(cfg) -> None:
-    if cfg.source not in SOURCES:
-        raise QftError("data.source", cfg.source, f"allowed: {', '.join(SOURCES)}")
-    if cfg.task not in TASKS:
-        raise QftError("data.task", cfg.task, f"allowed: {', '.join(TASKS)}")
+    one_of("data.source", cfg.source, SOURCES)
+    one_of("data.task", cfg.task, TASKS)
     if cfg.source == "local" and not (cfg.path and Path(os.path.expanduser(str(cfg.path))).is_file()):
         raise QftError("data.path", cfg.path, "an existing .csv, .tsv, .json or .jsonl file")
     if cfg.task == "instruction" and cfg.source != "local":

@@ -11,3 +11,9 @@ class QftError(Exception):
     def __init__(self, key: str, value, allowed: str):
         self.key, self.value, self.allowed = key, value, allowed
         super().__init__(f"{key}={value!r}: {allowed}")
+
+
+def one_of(key: str, value, allowed) -> None:
+    """The commonest check: a value from a fixed list, named in the error."""
+    if value not in allowed:
+        raise QftError(key, value, f"allowed: {', '.join(map(str, allowed))}")

@@ -15,7 +15,7 @@ import contextlib
 
 import torch
 
-from qft.errors import QftError
+from qft.errors import QftError, one_of
 
 MODES = ("none", "activations", "pipeline")
 SCHEDULES = ("gpipe", "1f1b")
@@ -23,12 +23,9 @@ ROUTES = ("host", "neighbour")
 
 
 def check(cfg) -> None:
-    if cfg.mode not in MODES:
-        raise QftError("offload.mode", cfg.mode, f"allowed: {', '.join(MODES)}")
-    if cfg.schedule not in SCHEDULES:
-        raise QftError("offload.schedule", cfg.schedule, f"allowed: {', '.join(SCHEDULES)}")
-    if cfg.route not in ROUTES:
-        raise QftError("offload.route", cfg.route, f"allowed: {', '.join(ROUTES)}")
+    one_of("offload.mode", cfg.mode, MODES)
+    one_of("offload.schedule", cfg.schedule, SCHEDULES)
+    one_of("offload.route", cfg.route, ROUTES)
     for key in ("stages", "micro_batches"):
         v = cfg[key]
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:

@@ -249,7 +249,6 @@ def _global_clip(params, max_norm: float, group=None) -> None:
 
 def train(net, task, cfg, the_plan: Plan, dtype, pad_id: int, seed: int, device: torch.device):
     """The pipelined counterpart of qft.train.train: same batches, loss, clipping, AdamW and schedule."""
-    import math
     import time
 
     import torch.distributed as dist
@@ -258,7 +257,7 @@ def train(net, task, cfg, the_plan: Plan, dtype, pad_id: int, seed: int, device:
 
     from qft import memory
     from qft.data import batch
-    from qft.train import History, _optimizer, lr_factor, micro_batch_indices
+    from qft.train import History, _optimizer, finish_step, lr_factor, micro_batch_indices
 
     rank, p = world()
     tcfg, ocfg = cfg.train, cfg.offload
@@ -327,20 +326,8 @@ def train(net, task, cfg, the_plan: Plan, dtype, pad_id: int, seed: int, device:
         else:
             total, tokens = forward_backward()
         dist.broadcast(total, src=p - 1)  # every stage learns the loss (and stops together on NaN)
-        mean = total.item() / n_answer
-        if not math.isfinite(mean):
-            raise FloatingPointError(f"loss is {mean} at step {history.step + 1}")
-        if tcfg.max_grad_norm:
-            _global_clip(params, tcfg.max_grad_norm)
-        opt.step()
-        sched.step()
-        opt.zero_grad(set_to_none=True)
-        history.step += 1
-        history.loss.append([history.step, mean])
-        history.train_tokens += tokens
-        history.train_seconds += time.perf_counter() - t0
-        bar.update(1)
-        bar.set_postfix(loss=f"{mean:.4f}", tok_s=f"{history.train_tokens / history.train_seconds:.0f}")
+        finish_step(history, params, opt, sched, total.item() / n_answer, tokens, t0, tcfg.max_grad_norm, bar,
+                    clip=_global_clip)
     bar.close()
     history.completed = True
     everyone = [None] * p

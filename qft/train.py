@@ -176,6 +176,25 @@ def load_checkpoint(folder: Path, model, opt, sched, config_hash: str, strict: b
 
 # --------------------------------------------------------------------------- the loop
 
+def finish_step(history: History, params, opt, sched, mean: float, tokens: int, t0: float, max_grad_norm,
+                bar, clip=torch.nn.utils.clip_grad_norm_) -> None:
+    """Everything after the backward passes of a step, shared by one process and a pipeline stage (which
+    clips by the norm across all stages): NaN check, clipping, AdamW and schedule step, history, progress."""
+    if not math.isfinite(mean):
+        raise FloatingPointError(f"loss is {mean} at step {history.step + 1}")
+    if max_grad_norm:
+        clip(params, max_grad_norm)
+    opt.step()
+    sched.step()
+    opt.zero_grad(set_to_none=True)
+    history.step += 1
+    history.loss.append([history.step, mean])
+    history.train_tokens += tokens
+    history.train_seconds += time.perf_counter() - t0
+    bar.update(1)
+    bar.set_postfix(loss=f"{mean:.4f}", tok_s=f"{history.train_tokens / history.train_seconds:.0f}")
+
+
 def train(model, task: Task, cfg, run_dir: Path, dtype: torch.dtype, pad_id: int, seed: int,
           config_hash: str, evaluate=None, track=None, offload_cfg=None) -> History:
     """Fine-tune the trainable (adapter) parameters; `evaluate(split)` is called every `eval_every` steps
@@ -207,22 +226,9 @@ def train(model, task: Task, cfg, run_dir: Path, dtype: torch.dtype, pad_id: int
             (loss / n_answer).backward()
             total += loss.item()
             tokens += seq_tokens
-        mean = total / n_answer
-        if not math.isfinite(mean):
-            raise FloatingPointError(f"loss is {mean} at step {history.step + 1}")
-        if cfg.max_grad_norm:
-            torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
         lr = sched.get_last_lr()[0]  # the rate this step used
-        opt.step()
-        sched.step()
-        opt.zero_grad(set_to_none=True)
-        history.step += 1
-        history.loss.append([history.step, mean])
-        history.train_tokens += tokens
-        history.train_seconds += time.perf_counter() - t0
-        tokens_per_s = history.train_tokens / history.train_seconds
-        bar.update(1)
-        bar.set_postfix(loss=f"{mean:.4f}", tok_s=f"{tokens_per_s:.0f}")
+        finish_step(history, params, opt, sched, total / n_answer, tokens, t0, cfg.max_grad_norm, bar)
+        mean, tokens_per_s = history.loss[-1][1], history.train_tokens / history.train_seconds
         last = history.step == cfg.steps
         metrics = {"train/loss": mean, "train/lr": lr, "train/tokens_per_s": tokens_per_s}
         if evaluate and cfg.eval_every and history.step % cfg.eval_every == 0 and not last:
