@@ -112,17 +112,11 @@ def allocations(layers: list[L.Layer], params: float, split: str, tolerance: flo
 
 
 def main(argv=None) -> int:
-    from hydra import compose, initialize_config_dir
+    from qft import config, model
 
-    from qft import model
-    from qft.__main__ import CONF
-
-    with initialize_config_dir(CONF, version_base="1.3"):
-        try:
-            cfg = compose("config", overrides=list(sys.argv[1:] if argv is None else argv))
-        except Exception as e:  # noqa: BLE001 - Hydra's override errors, as one line
-            print(f"qft.budget: error: {' '.join(str(e).split())}", file=sys.stderr)
-            return 2
+    cfg = config.compose(argv, "qft.budget")
+    if cfg is None:
+        return 2
     try:
         if cfg.budget.params is None:
             raise QftError("budget.params", None, "set the budget, e.g. budget.params=1000000")

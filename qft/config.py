@@ -46,3 +46,19 @@ def validate(cfg, depth: int | None = None) -> str:
         raise QftError("offload.micro_batches", cfg.offload.micro_batches,
                        f"must divide train.batch_size={cfg.train.batch_size}")
     return dev
+
+
+def compose(argv, prog: str):
+    """The config a CLI's Hydra overrides compose to, or None once Hydra's error is printed as one line."""
+    import sys
+
+    from hydra import compose as hydra_compose, initialize_config_dir
+
+    from qft.__main__ import CONF
+
+    with initialize_config_dir(CONF, version_base="1.3"):
+        try:
+            return hydra_compose("config", overrides=list(sys.argv[1:] if argv is None else argv))
+        except Exception as e:  # noqa: BLE001 - Hydra's override errors, as one line
+            print(f"{prog}: error: {' '.join(str(e).split())}", file=sys.stderr)
+            return None
