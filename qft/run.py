@@ -43,7 +43,8 @@ def run(cfg, run_dir: Path) -> dict:
         source = model.resolve(cfg.model, cfg.cache_dir)
         rec["budget_ranks"] = budget.apply(cfg, budget.meta_layers(source)) if cfg.budget.params is not None else None
         config.validate(cfg, depth=source.num_layers)
-        stages = pipeline.plan(cfg) if cfg.offload.mode == "pipeline" else None  # a budget too small fails here
+        # a pipeline's plan, before any weight: a budget too small or an unsupported model fails here
+        stages = pipeline.plan(cfg, source.model_type) if cfg.offload.mode == "pipeline" else None
         if stages:
             rec["pipeline"] = stages.__dict__
             device = pipeline.init(cfg, device)
