@@ -13,24 +13,26 @@ from qft.errors import QftError
 DEVICES = ("auto", "cpu", "cuda")
 
 
-def device(cfg) -> str:
+def device(cfg, planning: bool = False) -> str:
+    """The device a run uses; `planning` (the memory model sizing a GPU run from any machine) accepts
+    device=cuda without one."""
     import torch
 
     if cfg.device not in DEVICES:
         raise QftError("device", cfg.device, f"allowed: {', '.join(DEVICES)}")
-    if cfg.device == "cuda" and not torch.cuda.is_available():
+    if cfg.device == "cuda" and not planning and not torch.cuda.is_available():
         raise QftError("device", "cuda", "no CUDA device is visible; use device=cpu or device=auto")
     return ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
 
 
-def validate(cfg, depth: int | None = None) -> str:
+def validate(cfg, depth: int | None = None, planning: bool = False) -> str:
     """Raise QftError on the first bad value; return the device the run will use."""
     from omegaconf import OmegaConf
 
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         raise QftError(missing[0], "???", "required: set it on the command line")
-    dev = device(cfg)
+    dev = device(cfg, planning)
     if isinstance(cfg.seed, bool) or not isinstance(cfg.seed, int):
         raise QftError("seed", cfg.seed, "an integer")
     budget.check(cfg.budget)
