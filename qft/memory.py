@@ -86,6 +86,7 @@ class Plan:
     padded: bool  # batches of unequal lengths (a padding mask): the conservative assumption
     eval_batch: int
     offload: dict
+    fast_mask: bool = False  # adapter.dropout_mask=fast keeps a 1-byte mask, torch's dropout one in its input's dtype
 
 
 def meta_model(source):
@@ -186,7 +187,7 @@ def plan(cfg, source=None, answer_tokens: int | None = None, answer_rows: int | 
                 float(cfg.adapter.dropout) > 0, bool(cfg.quant.get("cache_dequantized", False)),
                 bool(cfg.train.gradient_checkpointing), cfg.train.optimizer, int(cfg.train.batch_size),
                 int(cfg.data.max_length), int(answer_tokens), answer_rows, padded,
-                int(cfg.train.eval_batch_size), off)
+                int(cfg.train.eval_batch_size), off, fast_mask=cfg.adapter.get("dropout_mask", "torch") == "fast")
 
 
 # ----------------------------------------------------------------------------------------------- fixed bytes
@@ -231,6 +232,12 @@ def optimizer_bytes(numels: list[int], optimizer: str, device: str) -> int:
 
 # ----------------------------------------------------------------------------------------------- activations
 
+def _mask_bytes(p: Plan) -> int:
+    """Bytes a dropout mask keeps per element: qft's fast mask is bool; torch's is in its input's dtype (fp32:
+    peft upcasts on CPU, and without autocast) or a CUDA bool mask."""
+    return 1 if p.fast_mask or (p.device == "cuda" and p.compute_bytes < 4) else 4
+
+
 def _layer_activations(p: Plan, depth: int, grad_in: bool, b: int) -> tuple[dict, bool]:
     """Bytes one decoder layer saves for backward at micro-batch b, split into attn and mlp blocks, and
     whether its output requires grad. Upstream of the first adapter nothing requires grad, so nothing is
@@ -242,7 +249,7 @@ def _layer_activations(p: Plan, depth: int, grad_in: bool, b: int) -> tuple[dict
     autocast = c < 4
     q_dim = sh.heads * sh.head_dim
     kv_dim = q_dim if p.padded else sh.kv_heads * sh.head_dim  # a padding mask rules out the GQA kernels
-    mask_el = 4 if p.device == "cpu" or not autocast else 1  # CPU: peft upcasts to fp32 first; CUDA: bool mask
+    mask_el = _mask_bytes(p)
     by_proj = {l.proj: l for l in p.projections if l.depth == depth}
     shared = set()  # without autocast or dropout, projections reading the same input save it once
 
@@ -321,7 +328,7 @@ def _layer_work(p: Plan, depth: int, b: int, saved: int) -> int:
         if l.depth != depth:
             continue
         n, bits = l.in_features * l.out_features, p.quant[l.name]["bits"]
-        freed = (c + (4 if p.device == "cpu" else 1) * p.dropout) * t * l.in_features if p.ranks.get(l.name) else 0
+        freed = (c + _mask_bytes(p) * p.dropout) * t * l.in_features if p.ranks.get(l.name) else 0
         if bits == 4 and not p.dequantized:
             fwd_w, bwd_w = max(fwd_w, n * (4 + (c if c < 4 else 0))), max(bwd_w, 4 * n - freed)
         elif bits == 8:

@@ -22,8 +22,11 @@ RECORD = "result.json"
 SCHEMA = 1
 # keys that change how a run is executed, resumed, logged or swept, not what it computes (the speed and
 # memory switches are tested to give the same losses and gradients)
-_NOT_HASHED = {("train", "resume"), ("train", "stop_after_steps"), ("cache_dir",), ("sweep",), ("grid",), ("logger",),
+_NOT_HASHED = {("train", "resume"), ("train", "stop_after_steps"), ("train", "host_allocator"), ("cache_dir",), ("sweep",), ("grid",), ("logger",),
                ("quant", "cache_dequantized"), ("quant", "cache_quantized"), ("offload",)}
+# keys added after records existed, left out of the hash at the value that means the old behaviour, so those
+# records keep their hash (a sweep still skips them)
+_HASHED_UNLESS = {("adapter", "dropout_mask"): "torch"}
 
 
 def resolved(cfg) -> dict:
@@ -37,12 +40,18 @@ def config_hash(cfg, ignore: tuple = ()) -> str:
         conf.pop(key, None)
     if (conf.get("budget") or {}).get("params") is None:
         conf.pop("budget", None)  # a budget that is off is no part of the config
-    for path in _NOT_HASHED:
+    for path in _NOT_HASHED | {p for p, old in _HASHED_UNLESS.items() if _get(conf, p) in (old, None)}:
         d = conf
         for k in path[:-1]:
             d = d.get(k, {})
         d.pop(path[-1], None)
     return hashlib.sha256(json.dumps(conf, sort_keys=True).encode()).hexdigest()
+
+
+def _get(conf: dict, path: tuple):
+    for k in path:
+        conf = conf.get(k) if isinstance(conf, dict) else None
+    return conf
 
 
 def versions() -> dict:

@@ -79,7 +79,28 @@ def grouped(df) -> "pd.DataFrame":
     out["acc_sd"] = g.acc_test.std().fillna(0.0)
     out["ci95"] = [_t95(n) * sd / math.sqrt(n) if n > 1 else float("nan") for n, sd in zip(out.n_seeds, out.acc_sd)]
     out["tokens_per_s"] = g.tokens_per_s.mean()
-    return out.sort_values(["params", "acc_mean"]).reset_index(drop=True)
+    out = out.sort_values(["params", "acc_mean"]).reset_index(drop=True)
+    out["vs_best"], out["vs_best_ci95"] = zip(*(versus(out, i, out.acc_mean.idxmax()) for i in out.index)) \
+        if len(out) else ((), ())
+    return out
+
+
+def versus(g, i, j) -> tuple[float, float]:
+    """Difference of configuration i's mean accuracy from j's, and the half-width of its 95% interval (Welch:
+    unequal variances, Welch-Satterthwaite degrees of freedom). A difference larger than the half-width is
+    larger than the seed-to-seed noise; with a single seed on either side there is no interval (nan)."""
+    a, b = g.loc[i], g.loc[j]
+    diff = a.acc_mean - b.acc_mean
+    if i == j:
+        return 0.0, 0.0
+    if a.n_seeds < 2 or b.n_seeds < 2:
+        return diff, float("nan")
+    va, vb = a.acc_sd ** 2 / a.n_seeds, b.acc_sd ** 2 / b.n_seeds
+    se = math.sqrt(va + vb)
+    if se == 0:
+        return diff, 0.0
+    dof = (va + vb) ** 2 / (va ** 2 / (a.n_seeds - 1) + vb ** 2 / (b.n_seeds - 1))
+    return diff, _t95(int(dof) + 1) * se
 
 
 def _t95(n: int) -> float:
@@ -195,14 +216,18 @@ def plot_bits_rank(g, out: Path, title: str) -> Path:
 
 def markdown(g, df) -> str:
     cols = ["adapted", *[c for c in AXES.values() if c in g.columns and g[c].nunique() > 1], "params"]
-    lines = ["| " + " | ".join(cols + ["n", "test acc", "95% CI", "tokens/s"]) + " |",
-             "|" + "---|" * (len(cols) + 4)]
+    lines = ["| " + " | ".join(cols + ["n", "test acc", "95% CI", "vs best", "tokens/s"]) + " |",
+             "|" + "---|" * (len(cols) + 5)]
     for _, r in g.iterrows():
         ci = "" if math.isnan(r.ci95) else f"±{r.ci95:.3f}"
+        vs = "best" if r.vs_best == 0 and r.vs_best_ci95 == 0 else f"{r.vs_best:+.3f}" + (
+            "" if math.isnan(r.vs_best_ci95) else f" ±{r.vs_best_ci95:.3f}" + (" *" if abs(r.vs_best) > r.vs_best_ci95 else ""))
         lines.append("| " + " | ".join(str(r[c]) if not isinstance(r[c], float) else f"{r[c]:g}" for c in cols)
-                     + f" | {r.n_seeds} | {r.acc_mean:.3f} | {ci} | {r.tokens_per_s:.0f} |")
+                     + f" | {r.n_seeds} | {r.acc_mean:.3f} | {ci} | {vs} | {r.tokens_per_s:.0f} |")
     failed = df[df.status != "ok"]
-    head = f"{len(df)} runs: {int((df.status == 'ok').sum())} ok, {len(failed)} not ok"
+    head = (f"{len(df)} runs: {int((df.status == 'ok').sum())} ok, {len(failed)} not ok. Test accuracy: mean over seeds "
+            "with its 95% t interval; vs best: difference from the best configuration with the 95% Welch interval of "
+            "the difference, * where it is larger than the seed-to-seed noise")
     tail = [f"- {r.run_dir}: {r.status} {r.error or ''}" for _, r in failed.iterrows()]
     return "\n".join([head, "", *lines, *([""] + tail if tail else [])]) + "\n"
 
@@ -220,6 +245,18 @@ def report(paths, out: Path | None = None) -> dict:
     df.to_csv(out / "runs.csv", index=False)
     df.astype({c: str for c in df.columns if df[c].dtype == object}).to_parquet(out / "runs.parquet", index=False)
     files = {"csv": out / "runs.csv", "parquet": out / "runs.parquet"}
+    datasets = sorted(df["cfg.data.source"].dropna().unique()) if "cfg.data.source" in df else []
+    for source in datasets or [None]:  # one table and set of plots per dataset: never pooled across tasks
+        sub = df if source is None else df[df["cfg.data.source"] == source]
+        where = out if len(datasets) <= 1 else out / source
+        files.update({f"{source}/{k}" if len(datasets) > 1 else k: v
+                      for k, v in _summarise(sub, where, experiment).items()})
+    return files
+
+
+def _summarise(df, out: Path, experiment: str) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    files = {}
     g = grouped(df)
     summary = markdown(g, df)
     (out / "summary.md").write_text(summary)
@@ -235,7 +272,7 @@ def report(paths, out: Path | None = None) -> dict:
                 files["alpha_heatmap"] = plot_heatmap(g, out, "attn_alpha", "mlp_alpha", "alpha_heatmap.png", title)
         if g.attn_bits.nunique() > 1 or g.mlp_bits.nunique() > 1:
             files["bits_rank"] = plot_bits_rank(g, out, title)
-    print(summary)
+    print(f"## {out}\n\n{summary}")
     return files
 
 

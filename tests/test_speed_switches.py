@@ -68,3 +68,69 @@ def test_quantized_base_cache_rebuilds_the_same_model(preset, extra, tmp_path, m
         assert got[0] == ref_loss and torch.equal(got[2], ref_logits)
         assert all(torch.equal(got[1][k], ref_grads[k]) for k in ref_grads)
     assert built.base_bytes == first[0].base_bytes
+
+
+def test_tuned_host_allocator_changes_no_numbers():
+    from conftest import make_cfg
+
+    ref = loss_grads_logits("train.host_allocator=default")[1:]
+    assert train.tune_host_allocator(make_cfg("train.host_allocator=tuned").train) is True
+    assert train.tune_host_allocator(make_cfg("train.host_allocator=default").train) is False
+    _, loss, grads, logits = loss_grads_logits("train.host_allocator=tuned")
+    assert loss == ref[0] and torch.equal(logits, ref[2])
+    assert all(torch.equal(grads[k], ref[1][k]) for k in ref[1])
+
+
+# ---------------------------------------------------------------- adapter.dropout_mask=fast: another random stream
+# It changes which elements are dropped (so it is part of the config hash), not the distribution or the math.
+
+def test_fast_dropout_keeps_the_rate_and_scales_like_inverted_dropout():
+    from qft.adapter import FastDropout
+
+    drop = FastDropout(0.05).train()
+    x = torch.randn(1000, 1000, dtype=torch.float32, requires_grad=True)
+    torch.manual_seed(0)
+    y = drop(x)
+    kept = y != 0
+    p_exact = round(0.05 * 65536) / 65536
+    n = x.numel()
+    sigma = (n * p_exact * (1 - p_exact)) ** 0.5
+    assert abs((n - int(kept.sum())) - n * p_exact) < 5 * sigma
+    assert torch.equal(y[kept], x[kept] * (65536 / (65536 - 3277)))
+    y.backward(torch.ones_like(y))  # the gradient goes through the very same mask, scaled the same
+    assert torch.equal(x.grad, kept.float() * (65536 / (65536 - 3277)))
+    torch.manual_seed(0)
+    assert torch.equal(drop(x), y)  # drawn from torch's global generator: seeds and checkpoints govern it
+    assert drop.eval()(x) is x and FastDropout(0.0).train()(x) is x
+    # the mask is independent across a row and across lanes of one 64-bit draw
+    lanes = kept.view(-1, 4).float().mean(0)
+    assert torch.all((lanes - (1 - p_exact)).abs() < 5 * (p_exact / (n / 4)) ** 0.5)
+
+
+def test_fast_dropout_on_every_adapter_and_only_there():
+    from qft.adapter import FastDropout
+
+    _, _, fast = build("adapter.dropout_mask=fast", "adapter.attn.r=4", "adapter.mlp.r=0")
+    _, _, ref = build("adapter.dropout_mask=torch", "adapter.attn.r=4", "adapter.mlp.r=0")
+    def drops(m):
+        return [type(d).__name__ for mod in m.modules() if isinstance(getattr(mod, "lora_dropout", None),
+                                                                       torch.nn.ModuleDict)
+                for d in mod.lora_dropout.values()]
+    assert drops(fast.model) == ["FastDropout"] * 4 * 4  # tiny_llama: 4 layers x q, k, v, o
+    assert drops(ref.model) == ["Dropout"] * 16
+    assert all(isinstance(m, FastDropout) is False for m in ref.model.modules())
+    # same parameters, same initialisation: only the dropout draws differ
+    pf, pr = dict(fast.model.named_parameters()), dict(ref.model.named_parameters())
+    assert pf.keys() == pr.keys() and all(torch.equal(pf[k], pr[k]) for k in pf)
+
+
+def test_fast_dropout_mask_is_in_the_hash_and_torch_hashes_as_before():
+    from conftest import make_cfg
+    from omegaconf import OmegaConf
+    from qft import record
+
+    fast, torch_mask = make_cfg("adapter.dropout_mask=fast"), make_cfg("adapter.dropout_mask=torch")
+    before = OmegaConf.to_container(torch_mask, resolve=True)
+    del before["adapter"]["dropout_mask"]  # a record made before the key existed
+    assert record.config_hash(torch_mask) == record.config_hash(before)
+    assert record.config_hash(fast) != record.config_hash(torch_mask)

@@ -1,3 +1,4 @@
+import math
 import json
 import os
 import subprocess
@@ -156,3 +157,36 @@ def test_report_uses_the_ranks_a_budget_solved(tmp_path):
     df = report.collect([tmp_path])
     assert (df.attn_r[0], df.mlp_r[0]) == (rec["budget_ranks"]["attn"], rec["budget_ranks"]["mlp"])
     assert df.params[0] == rec["budget_ranks"]["attn"] * 1792 + rec["budget_ranks"]["mlp"] * 2688
+
+
+def _record(folder: Path, source: str, attn_r: int, mlp_r: int, seed: int, acc: float) -> None:
+    """A minimal ok record, as run.run writes them: the report reads only these keys."""
+    folder.mkdir(parents=True)
+    config = {"experiment": "unit", "seed": seed, "model": {"name": "m"}, "data": {"source": source},
+              "adapter": {"attn": {"r": attn_r, "alpha": 16}, "mlp": {"r": mlp_r, "alpha": 16}}}
+    (folder / "result.json").write_text(json.dumps({
+        "status": "ok", "config": config, "config_hash": f"{source}{attn_r}{mlp_r}{seed}", "seed": seed,
+        "trainable_params": {"total": 10 * attn_r + 20 * mlp_r, "per_layer_type": {"attn": 10 * attn_r,
+                                                                                  "mlp": 20 * mlp_r}},
+        "final_accuracy": {"test": acc, "val": acc}, "train_tokens_per_second": 1.0}))
+
+
+def test_report_splits_datasets_and_says_which_differences_beat_the_noise(tmp_path):
+    accs = {("bbc", 2, 2): [0.80, 0.82, 0.84], ("bbc", 8, 8): [0.90, 0.91, 0.92],   # far apart: beyond noise
+            ("reuters", 2, 2): [0.60, 0.70, 0.80], ("reuters", 8, 8): [0.65, 0.70, 0.75]}  # within noise
+    for (source, a, m), values in accs.items():
+        for seed, acc in enumerate(values):
+            _record(tmp_path / "runs" / f"{source}{a}{m}{seed}", source, a, m, seed, acc)
+    files = report.report([tmp_path / "runs"], tmp_path / "out")
+    bbc, reuters = (files[f"{s}/summary"].read_text() for s in ("bbc", "reuters"))
+    assert files["bbc/summary"] == tmp_path / "out" / "bbc" / "summary.md"
+    assert bbc.startswith("6 runs: 6 ok") and reuters.startswith("6 runs: 6 ok")  # never pooled across datasets
+    # bbc: 0.82 vs 0.91, sd 0.02 and 0.01 over 3 seeds: Welch dof 2.94 -> t(2) 4.303 * sqrt(.02^2/3 + .01^2/3)
+    half = 4.303 * math.sqrt(0.02 ** 2 / 3 + 0.01 ** 2 / 3)
+    assert f"| 0.820 | ±{4.303 * 0.02 / math.sqrt(3):.3f} | -0.090 ±{half:.3f} * |" in bbc
+    assert "| 0.910 |" in bbc and "| best |" in bbc
+    # reuters: 0.70 vs 0.70 with wide spreads: no star
+    assert "*" not in reuters.split("\n", 2)[2]
+    g = report.grouped(report.collect([tmp_path / "runs"]).query("`cfg.data.source` == 'bbc'"))
+    diff, h = report.versus(g, 0, 1)
+    assert diff == pytest.approx(-0.09) and h == pytest.approx(half)
