@@ -254,6 +254,10 @@ def report(paths, out: Path | None = None) -> dict:
     return files
 
 
+def _varies(g, column: str) -> bool:
+    return column in g and g[column].nunique() > 1
+
+
 def _summarise(df, out: Path, experiment: str) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     files = {}
@@ -264,13 +268,13 @@ def _summarise(df, out: Path, experiment: str) -> dict:
     if not g.empty:
         title = f"{experiment}: {df['cfg.model.name'].iloc[0]}, {df['cfg.data.source'].iloc[0]}"
         files["accuracy_vs_params"] = plot_accuracy_vs_params(g, out, title)
-        if g.attn_r.nunique() > 1 and g.mlp_r.nunique() > 1:
+        if _varies(g, "attn_r") and _varies(g, "mlp_r"):
             files["rank_heatmap"] = plot_heatmap(g, out, "attn_r", "mlp_r", "rank_heatmap.png", title)
-        if g.attn_alpha.nunique() > 1 or g.mlp_alpha.nunique() > 1:
+        if _varies(g, "attn_alpha") or _varies(g, "mlp_alpha"):
             files["alpha_curves"] = plot_alpha_curves(g, out, title)
-            if g.attn_alpha.nunique() > 1 and g.mlp_alpha.nunique() > 1:
+            if _varies(g, "attn_alpha") and _varies(g, "mlp_alpha"):
                 files["alpha_heatmap"] = plot_heatmap(g, out, "attn_alpha", "mlp_alpha", "alpha_heatmap.png", title)
-        if g.attn_bits.nunique() > 1 or g.mlp_bits.nunique() > 1:
+        if _varies(g, "attn_bits") or _varies(g, "mlp_bits"):
             files["bits_rank"] = plot_bits_rank(g, out, title)
     print(f"## {out}\n\n{summary}")
     return files
