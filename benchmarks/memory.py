@@ -45,6 +45,8 @@ CONFIGS = {
                               "data.max_length=64"],
     "tiny-int8-bf16-b16-s64-ckpt": ["model=tiny_llama", "quant=int8", "quant.compute_dtype=bf16",
                                     "train.batch_size=16", "data.max_length=64", "train.gradient_checkpointing=true"],
+    "smollm2-nf4-bf16-b4-s64-fastmask": ["model=smollm2_135m", "quant.compute_dtype=bf16", "train.batch_size=4",
+                                         "data.max_length=64", "adapter.dropout_mask=fast"],
 }
 
 
@@ -52,8 +54,10 @@ def compose(overrides: list[str]):
     from hydra import compose as hydra_compose, initialize_config_dir
 
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        mask = [] if any(o.startswith("adapter.dropout_mask=") for o in overrides) else \
+            ["adapter.dropout_mask=torch"]  # what the stored measurements ran with, before the fast mask existed
         return hydra_compose("config", overrides=TRAIN + [f"device={os.environ.get('QFT_BENCH_DEVICE', 'cpu')}"]
-                             + overrides)
+                             + mask + overrides)
 
 
 def first_batch(cfg, source):

@@ -61,9 +61,21 @@ def pin_gpu(job_num: int, env) -> str | None:
     return env["CUDA_VISIBLE_DEVICES"]
 
 
+def register_plugins() -> None:
+    """Register qft's launcher plugin (hydra/launcher=dry_run) with Hydra explicitly: Hydra finds plugins by
+    walking the `hydra_plugins` namespace package, which an editable install (`pip install -e .`, PEP 660)
+    hides from that walk unless the repository root happens to be the working directory."""
+    from hydra.core.plugins import Plugins
+
+    from hydra_plugins.qft_dry_run_launcher.dry_run_launcher import DryRunLauncher
+
+    Plugins.instance().register(DryRunLauncher)
+
+
 def cli() -> None:
     """Hydra's own config errors (an unknown option, a typo'd key) also end in one line and status 2."""
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")  # let them reach us instead of Hydra's exit(1)
+    register_plugins()
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 

@@ -7,7 +7,7 @@ depth is known (from its config, before any weight is read).
 
 from __future__ import annotations
 
-from qft import adapter, budget, data, logger, offload, quant, train
+from qft import adapter, budget, data, evaluate, logger, offload, quant, train
 from qft.errors import QftError
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -42,6 +42,7 @@ def validate(cfg, depth: int | None = None, planning: bool = False) -> str:
     train.check(cfg.train, dev)
     logger.check(cfg.logger)
     offload.check(cfg.offload)
+    evaluate.check(cfg.get("evaluate"))
     if cfg.offload.route == "neighbour" and dev != "cuda":
         raise QftError("offload.route", "neighbour", "needs CUDA GPUs with peer access (an NVLink bridge); use host")
     if cfg.offload.mode == "pipeline" and cfg.train.batch_size % cfg.offload.micro_batches:

@@ -3,13 +3,29 @@
 The same scorer gives zero-shot accuracy before training and the final accuracy after, so the two are
 comparable. Multi-token label words are scored exactly (sum of token log-probs) by extending a KV cache
 of the prompt once per candidate, rather than re-running the prompt.
+
+The `evaluate` config group adds a public benchmark after training: `evaluate=mmlu` scores the adapted,
+quantized model in memory on MMLU through lm-eval-harness (its `mmlu` task's prompt, few-shot examples and
+log-likelihood scoring), so the number is comparable with published lm-eval MMLU results; the questions come
+from a local copy of the original CSVs, never from a hub.
 """
 
 from __future__ import annotations
 
+import csv
+import hashlib
+import importlib.util
+import json
+import math
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
 import torch
 
 from qft.data import Split, Task, batch
+from qft.errors import QftError, one_of
 from qft.model import autocast, device_of
 
 
@@ -71,3 +87,165 @@ def accuracy(model, task: Task, split_name: str, tokenizer, batch_size: int, dty
         return sum(hits) / len(hits)
     scores = label_scores(model, split.prompts, task.label_tokens, tokenizer.pad_token_id, batch_size, dtype)
     return (scores.argmax(1) == torch.tensor(split.labels, device=scores.device)).float().mean().item()
+
+
+# --------------------------------------------------------------------------- benchmarks (the evaluate group)
+
+BENCHMARKS = ("mmlu",)
+MMLU_LAYOUT = "a folder with MMLU's dev/<subject>_dev.csv and test/<subject>_test.csv (set QFT_MMLU_DIR)"
+LETTERS = ("A", "B", "C", "D")
+
+
+def mmlu_subjects(folder: Path) -> list[str]:
+    """The subjects that have both a dev and a test CSV, sorted."""
+    if not (folder / "test").is_dir():
+        return []
+    tests = {p.name[:-len("_test.csv")] for p in (folder / "test").glob("*_test.csv")}
+    return sorted(s for s in tests if (folder / "dev" / f"{s}_dev.csv").is_file())
+
+
+def read_mmlu_csv(path: Path) -> list[dict]:
+    """Rows `question,A,B,C,D,answer` (no header) as cais/mmlu's schema: question, choices, answer index.
+
+    Read with the csv module as strings, as the original loader did (pandas would turn "1.50" into 1.5 and
+    "None" into a missing value)."""
+    rows = []
+    with open(path, encoding="utf-8", newline="") as f:
+        for line, row in enumerate(csv.reader(f), 1):
+            if len(row) != 6 or row[5].strip() not in LETTERS:
+                raise QftError("evaluate.path", str(path), f"line {line}: want 6 columns question,A,B,C,D,answer "
+                                                             f"with the answer one of A, B, C, D")
+            rows.append({"question": row[0], "choices": row[1:5], "answer": LETTERS.index(row[5].strip())})
+    return rows
+
+
+def _selected(cfg) -> tuple[Path, list[str]]:
+    folder = Path(os.path.expanduser(str(cfg.path)))
+    found = mmlu_subjects(folder)
+    if not found:
+        raise QftError("evaluate.path", str(cfg.path), ("no such folder: want " if not folder.is_dir() else "want ")
+                       + MMLU_LAYOUT)
+    if cfg.subjects is None:
+        return folder, found
+    subjects = list(cfg.subjects) if not isinstance(cfg.subjects, str) else [cfg.subjects]
+    missing = [s for s in subjects if s not in found]
+    if not subjects or missing:
+        raise QftError("evaluate.subjects", subjects, f"subjects of {folder} (null: all): "
+                       f"{', '.join(found[:8])}{', ...' if len(found) > 8 else ''}")
+    return folder, subjects
+
+
+def check(cfg) -> None:
+    """Validate the evaluate group (None: no benchmark): the data is read here, so a bad CSV fails before training."""
+    if cfg is None:
+        return
+    one_of("evaluate.benchmark", cfg.get("benchmark"), BENCHMARKS)
+    folder, subjects = _selected(cfg)
+    shots = cfg.shots
+    fewest = min(len(read_mmlu_csv(folder / "dev" / f"{s}_dev.csv")) for s in subjects)
+    for s in subjects:
+        read_mmlu_csv(folder / "test" / f"{s}_test.csv")
+    if isinstance(shots, bool) or not isinstance(shots, int) or not 0 <= shots <= fewest:
+        raise QftError("evaluate.shots", shots, f"an integer from 0 to {fewest} (the fewest dev examples of a subject)")
+    limit = cfg.limit
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise QftError("evaluate.limit", limit, "an integer >= 1 (questions per subject) or null (all)")
+    if isinstance(cfg.batch_size, bool) or not isinstance(cfg.batch_size, int) or cfg.batch_size < 1:
+        raise QftError("evaluate.batch_size", cfg.batch_size, "an integer >= 1")
+    if not isinstance(cfg.before_training, bool):
+        raise QftError("evaluate.before_training", cfg.before_training, "true or false")
+    if importlib.util.find_spec("lm_eval") is None:
+        raise QftError("evaluate.benchmark", "mmlu", "needs lm-eval-harness: pip install 'qft[paper]' (lm-eval>=0.4)")
+
+
+def _task_dir(folder: Path, subjects: list[str], cache_dir) -> Path:
+    """lm-eval task YAMLs over the CSVs converted to cais/mmlu's schema (JSONL), cached by content, so the
+    datasets cache and every sweep job reuse them. lm-eval's own MMLU template gives the prompt."""
+    from lm_eval import tasks as lm_tasks
+
+    template = Path(lm_tasks.__file__).parent / "mmlu" / "default" / "_default_template_yaml"
+    digest = hashlib.sha256(template.read_bytes())
+    for s in subjects:
+        for split in ("dev", "test"):
+            digest.update(f"{s}/{split}".encode() + (folder / split / f"{s}_{split}.csv").read_bytes())
+    out = Path(os.path.expanduser(str(cache_dir))) / "mmlu" / digest.hexdigest()[:16]
+    if out.is_dir():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent))
+    for s in subjects:
+        files = {}
+        for split in ("dev", "test"):
+            files[split] = str(out / f"{s}_{split}.jsonl")
+            with open(tmp / f"{s}_{split}.jsonl", "w", encoding="utf-8") as f:
+                for row in read_mmlu_csv(folder / split / f"{s}_{split}.csv"):
+                    f.write(json.dumps({**row, "subject": s}) + "\n")
+        task = {"include": str(template), "task": f"qft_mmlu_{s}", "task_alias": s,
+                "dataset_path": "json", "dataset_name": None, "dataset_kwargs": {"data_files": files},
+                "description": f"The following are multiple choice questions (with answers) about "
+                               f"{s.replace('_', ' ')}.\n\n"}
+        (tmp / f"qft_mmlu_{s}.yaml").write_text(json.dumps(task, indent=1))  # JSON is YAML
+    try:
+        os.replace(tmp, out)  # atomic: concurrent sweep jobs never see a half-written folder
+    except OSError:  # another job got there first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def mmlu_results(cfg, model, tokenizer, dtype: torch.dtype, cache_dir) -> dict:
+    """lm-eval's own output (with per-sample log-likelihoods) for MMLU on the in-memory model."""
+    import lm_eval
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    folder, subjects = _selected(cfg)
+    manager = TaskManager(include_path=str(_task_dir(folder, subjects, cache_dir)), include_defaults=False)
+    was_training = model.training
+    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=cfg.batch_size)
+    try:
+        with autocast(device_of(model), dtype):
+            return lm_eval.simple_evaluate(model=lm, tasks=[f"qft_mmlu_{s}" for s in subjects],
+                                           num_fewshot=cfg.shots, limit=cfg.limit, task_manager=manager,
+                                           log_samples=True)
+    finally:
+        model.train(was_training)
+
+
+def summarize_mmlu(results: dict) -> dict:
+    """Accuracy over all questions (each question counts once, as lm-eval weights its MMLU groups by size),
+    its standard error, and lm-eval's accuracy per subject."""
+    per, correct, n = {}, 0.0, 0
+    for task, r in sorted(results["results"].items()):
+        k = len(results["samples"][task])
+        per[task.removeprefix("qft_mmlu_")] = {"acc": r["acc,none"], "acc_stderr": r["acc_stderr,none"], "n": k}
+        correct, n = correct + r["acc,none"] * k, n + k
+    acc = correct / n
+    shots = {t: c.get("num_fewshot") for t, c in results["configs"].items()}
+    return {"acc": acc, "acc_stderr": math.sqrt(acc * (1 - acc) / (n - 1)) if n > 1 else None, "n": n,
+            "shots": next(iter(set(shots.values()))) if len(set(shots.values())) == 1 else shots,
+            "per_subject": per, "lm_eval": results.get("lm_eval_version") or _version("lm_eval")}
+
+
+def _version(package: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package.replace("_", "-"))
+    except PackageNotFoundError:
+        return None
+
+
+def benchmarks(cfg, model, tokenizer, dtype: torch.dtype) -> dict:
+    """The result record's benchmark keys for a finished run: {} without one, else {"mmlu": {...}}, with the
+    base model's score (adapters switched off: what fine-tuning started from) when evaluate.before_training."""
+    ev = cfg.get("evaluate")
+    if ev is None:
+        return {}
+    out = summarize_mmlu(mmlu_results(ev, model, tokenizer, dtype, cfg.cache_dir))
+    if ev.before_training:
+        if hasattr(model, "disable_adapter"):  # LoRA starts at B = 0: the base model is the model before training
+            with model.disable_adapter():
+                out["before_training"] = summarize_mmlu(mmlu_results(ev, model, tokenizer, dtype, cfg.cache_dir))
+        else:  # no adapter anywhere: nothing was trained
+            out["before_training"] = {k: v for k, v in out.items()}
+    return {"mmlu": out}

