@@ -41,10 +41,9 @@ def config_hash(cfg, ignore: tuple = ()) -> str:
     if (conf.get("budget") or {}).get("params") is None:
         conf.pop("budget", None)  # a budget that is off is no part of the config
     for path in _NOT_HASHED | {p for p, old in _HASHED_UNLESS.items() if _get(conf, p) in (old, None)}:
-        d = conf
-        for k in path[:-1]:
-            d = d.get(k, {})
-        d.pop(path[-1], None)
+        parent = _get(conf, path[:-1])
+        if isinstance(parent, dict):
+            parent.pop(path[-1], None)
     return hashlib.sha256(json.dumps(conf, sort_keys=True).encode()).hexdigest()
 
 
