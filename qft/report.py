@@ -5,8 +5,10 @@
 Reads every result.json under the paths (the records are the single source of truth), writes runs.csv and
 runs.parquet (one row a run), summary.md (one row a configuration, seeds pooled as mean, standard
 deviation and a 95% interval) and PNG plots for whichever axes vary: accuracy against trainable parameters
-with its Pareto frontier, an attention-rank x MLP-rank heat map, alpha curves per layer type, and
-bits x rank panels.
+with its Pareto frontier, an attention-rank x MLP-rank heat map, alpha curves per layer type, bits x rank
+panels, and every configuration with its interval where cuts of equal size are compared (by depth third or bits).
+Each configuration is compared with the best one, or with a reference (`--versus attn_r=8,mlp_r=8`), within groups
+(`--within attn_bits`): the difference and its 95% Welch interval say whether it is larger than the seed noise.
 """
 
 from __future__ import annotations
@@ -27,17 +29,20 @@ if TYPE_CHECKING:
 AXES = {"adapter.attn.r": "attn_r", "adapter.mlp.r": "mlp_r", "adapter.attn.alpha": "attn_alpha",
         "adapter.mlp.alpha": "mlp_alpha", "quant.attn.bits": "attn_bits", "quant.mlp.bits": "mlp_bits",
         "budget.params": "budget", "budget.shares": "budget_shares"}
+THIRDS = ("shallow", "middle", "deep")
 
 
 def row(rec: dict, path: Path) -> dict:
     params = rec.get("trainable_params") or {}
     per_type = params.get("per_layer_type") or {}
+    per_third = params.get("per_depth_group") or {}
     final, zero = rec.get("final_accuracy") or {}, rec.get("zero_shot_accuracy") or {}
     r = {"run_dir": str(path.parent), "status": rec.get("status"), "error": rec.get("error"),
          "config_hash": rec.get("config_hash"), "seed": rec.get("seed"),
          "config_key": config_hash(rec.get("config") or {}, ignore=("seed",)),
          "experiment": (rec.get("config") or {}).get("experiment"),
          "params": params.get("total"), "params_attn": per_type.get("attn"), "params_mlp": per_type.get("mlp"),
+         **{f"params_{t}": per_third.get(t) for t in THIRDS},
          "adapted": "+".join(t for t in ("attn", "mlp") if per_type.get(t)) or "none",
          "acc_test": final.get("test"), "acc_val": final.get("val"), "zero_shot_test": zero.get("test"),
          "tokens_per_s": rec.get("train_tokens_per_second"), "peak_rss_bytes": (rec.get("memory") or {}).get("peak_rss_bytes"),
@@ -68,10 +73,15 @@ def collect(paths) -> "pd.DataFrame":
     return pd.DataFrame(rows)
 
 
-def grouped(df) -> "pd.DataFrame":
-    """One row per configuration (the config hash without the seed), accuracy as mean, sd and 95% interval."""
+def grouped(df, versus: dict | None = None, within: tuple = ()) -> "pd.DataFrame":
+    """One row per configuration (the config hash without the seed), accuracy as mean, sd and 95% interval, and
+    its difference from the best configuration, or from the one matching `versus`, within each group of `within`."""
     ok = df[df.status == "ok"].copy()
-    keep = ["params", "params_attn", "params_mlp", "adapted", *[a for a in AXES.values() if ok[a].notna().any()]]
+    keep = ["params", "params_attn", "params_mlp", *[f"params_{t}" for t in THIRDS], "adapted",
+            *[a for a in AXES.values() if ok[a].notna().any()]]
+    for col in [*(versus or {}), *within]:
+        if col not in ok:
+            raise ValueError(f"column {col!r} is not in the records; allowed: {', '.join(keep)}")
     g = ok.groupby("config_key", sort=False)
     out = g[keep].first()
     out["n_seeds"] = g.acc_test.count()
@@ -80,12 +90,31 @@ def grouped(df) -> "pd.DataFrame":
     out["ci95"] = [_t95(n) * sd / math.sqrt(n) if n > 1 else float("nan") for n, sd in zip(out.n_seeds, out.acc_sd)]
     out["tokens_per_s"] = g.tokens_per_s.mean()
     out = out.sort_values(["params", "acc_mean"]).reset_index(drop=True)
-    out["vs_best"], out["vs_best_ci95"] = zip(*(versus(out, i, out.acc_mean.idxmax()) for i in out.index)) \
-        if len(out) else ((), ())
+    out["vs_best"], out["vs_best_ci95"], out["vs_ref"] = float("nan"), float("nan"), -1
+    for _, part in (out.groupby(list(within), sort=False) if within else [(None, out)]):
+        ref = reference(part, versus)
+        for i in part.index:
+            out.loc[i, ["vs_best", "vs_best_ci95", "vs_ref"]] = (*compare(out, i, ref), ref) if ref is not None \
+                else (float("nan"), float("nan"), -1)
     return out
 
 
-def versus(g, i, j) -> tuple[float, float]:
+def reference(part, versus: dict | None):
+    """The row a group is compared with: the best one, or the one whose columns equal `versus` (None if absent)."""
+    if not versus:
+        return part.acc_mean.idxmax()
+    hit = part[[all(_equal(r[k], v) for k, v in versus.items()) for _, r in part.iterrows()]]
+    return hit.index[0] if len(hit) else None
+
+
+def _equal(a, b) -> bool:
+    try:
+        return float(a) == float(b)
+    except (TypeError, ValueError):
+        return str(a) == str(b)
+
+
+def compare(g, i, j) -> tuple[float, float]:
     """Difference of configuration i's mean accuracy from j's, and the half-width of its 95% interval (Welch:
     unequal variances, Welch-Satterthwaite degrees of freedom). A difference larger than the half-width is
     larger than the seed-to-seed noise; with a single seed on either side there is no interval (nan)."""
@@ -214,31 +243,58 @@ def plot_bits_rank(g, out: Path, title: str) -> Path:
     return _save(fig, out / "bits_rank.png")
 
 
-def markdown(g, df) -> str:
-    cols = ["adapted", *[c for c in AXES.values() if c in g.columns and g[c].nunique() > 1], "params"]
-    lines = ["| " + " | ".join(cols + ["n", "test acc", "95% CI", "vs best", "tokens/s"]) + " |",
+def plot_cells(g, out: Path, title: str) -> Path:
+    """Every configuration with its 95% interval, labelled by what varies: equal-size cuts side by side."""
+    import matplotlib.pyplot as plt
+
+    varying = [c for c in ("attn_bits", "mlp_bits", "attn_r", "mlp_r") if _varies(g, c)] \
+        + ([f"params_{t}" for t in THIRDS] if _uneven_depth(g) else [])
+    order = g.sort_values([c for c in ("attn_bits", "mlp_bits") if c in varying] + ["params"], ascending=False)
+    labels = [", ".join(f"{c.replace('params_', '')} {_short(r[c])}" for c in varying) for _, r in order.iterrows()]
+    fig, ax = plt.subplots(figsize=(6.4, 0.8 + 0.32 * len(order)))
+    y = range(len(order))
+    ax.errorbar(order.acc_mean, y, xerr=order.ci95.fillna(0.0), fmt="o", color="black", capsize=3)
+    ax.set_yticks(list(y), labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("test accuracy (mean over seeds, 95% interval)")
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3, axis="x")
+    return _save(fig, out / "cells.png")
+
+
+def _short(v) -> str:
+    return f"{v / 1e3:,.0f}k" if isinstance(v, float) and v >= 1e4 else f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def markdown(g, df, versus: dict | None = None, within: tuple = ()) -> str:
+    cols = ["adapted", *[c for c in AXES.values() if c in g.columns and g[c].nunique() > 1],
+            *([f"params_{t}" for t in THIRDS] if _uneven_depth(g) else []), "params"]
+    name = "vs " + (",".join(f"{k}={v}" for k, v in versus.items()) if versus else "best") \
+        + (f" (per {', '.join(within)})" if within else "")
+    lines = ["| " + " | ".join(cols + ["n", "test acc", "95% CI", name, "tokens/s"]) + " |",
              "|" + "---|" * (len(cols) + 5)]
-    for _, r in g.iterrows():
+    for i, r in g.iterrows():
         ci = "" if math.isnan(r.ci95) else f"±{r.ci95:.3f}"
-        vs = "best" if r.vs_best == 0 and r.vs_best_ci95 == 0 else f"{r.vs_best:+.3f}" + (
+        vs = ("reference" if versus else "best") if i == r.vs_ref else "" if r.vs_ref < 0 else f"{r.vs_best:+.3f}" + (
             "" if math.isnan(r.vs_best_ci95) else f" ±{r.vs_best_ci95:.3f}" + (" *" if abs(r.vs_best) > r.vs_best_ci95 else ""))
         lines.append("| " + " | ".join(str(r[c]) if not isinstance(r[c], float) else f"{r[c]:g}" for c in cols)
                      + f" | {r.n_seeds} | {r.acc_mean:.3f} | {ci} | {vs} | {r.tokens_per_s:.0f} |")
     failed = df[df.status != "ok"]
     head = (f"{len(df)} runs: {int((df.status == 'ok').sum())} ok, {len(failed)} not ok. Test accuracy: mean over seeds "
-            "with its 95% t interval; vs best: difference from the best configuration with the 95% Welch interval of "
-            "the difference, * where it is larger than the seed-to-seed noise")
+            f"with its 95% t interval; {name}: difference from the {'reference' if versus else 'best'} configuration"
+            f"{' of its group' if within else ''} with the 95% Welch interval of the difference, * where it is larger "
+            "than the seed-to-seed noise")
     tail = [f"- {r.run_dir}: {r.status} {r.error or ''}" for _, r in failed.iterrows()]
     return "\n".join([head, "", *lines, *([""] + tail if tail else [])]) + "\n"
 
 
-def report(paths, out: Path | None = None) -> dict:
+def report(paths, out: Path | None = None, versus: dict | None = None, within: tuple = ()) -> dict:
     import matplotlib
 
     matplotlib.use("Agg")
     df = collect(paths)
     if df.empty:
-        raise SystemExit(f"qft.report: no {RECORD} under {', '.join(map(str, paths))}")
+        raise ValueError(f"paths={', '.join(map(str, paths))}: no {RECORD} under them")
     experiment = next((e for e in df.experiment if e), None) or "report"
     out = Path(out or Path("results") / experiment)
     out.mkdir(parents=True, exist_ok=True)
@@ -250,7 +306,7 @@ def report(paths, out: Path | None = None) -> dict:
         sub = df if source is None else df[df["cfg.data.source"] == source]
         where = out if len(datasets) <= 1 else out / source
         files.update({f"{source}/{k}" if len(datasets) > 1 else k: v
-                      for k, v in _summarise(sub, where, experiment).items()})
+                      for k, v in _summarise(sub, where, experiment, versus, within).items()})
     return files
 
 
@@ -258,17 +314,23 @@ def _varies(g, column: str) -> bool:
     return column in g and g[column].nunique() > 1
 
 
-def _summarise(df, out: Path, experiment: str) -> dict:
+def _uneven_depth(g) -> bool:
+    """Whether some configuration gives the depth thirds different adapter sizes (a depth study)."""
+    thirds = g[[f"params_{t}" for t in THIRDS]].dropna()
+    return bool(len(thirds)) and bool((thirds.nunique(axis=1) > 1).any())
+
+
+def _summarise(df, out: Path, experiment: str, versus: dict | None = None, within: tuple = ()) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     files = {}
-    g = grouped(df)
-    summary = markdown(g, df)
+    g = grouped(df, versus, within)
+    summary = markdown(g, df, versus, within)
     (out / "summary.md").write_text(summary)
     files["summary"] = out / "summary.md"
     if not g.empty:
         title = f"{experiment}: {df['cfg.model.name'].iloc[0]}, {df['cfg.data.source'].iloc[0]}"
         files["accuracy_vs_params"] = plot_accuracy_vs_params(g, out, title)
-        if _varies(g, "attn_r") and _varies(g, "mlp_r"):
+        if _varies(g, "attn_r") and _varies(g, "mlp_r") and not (_varies(g, "attn_bits") or _varies(g, "mlp_bits")):
             files["rank_heatmap"] = plot_heatmap(g, out, "attn_r", "mlp_r", "rank_heatmap.png", title)
         if _varies(g, "attn_alpha") or _varies(g, "mlp_alpha"):
             files["alpha_curves"] = plot_alpha_curves(g, out, title)
@@ -276,6 +338,8 @@ def _summarise(df, out: Path, experiment: str) -> dict:
                 files["alpha_heatmap"] = plot_heatmap(g, out, "attn_alpha", "mlp_alpha", "alpha_heatmap.png", title)
         if _varies(g, "attn_bits") or _varies(g, "mlp_bits"):
             files["bits_rank"] = plot_bits_rank(g, out, title)
+        if _uneven_depth(g) or _varies(g, "attn_bits") or _varies(g, "mlp_bits"):
+            files["cells"] = plot_cells(g, out, title)
     print(f"## {out}\n\n{summary}")
     return files
 
@@ -284,12 +348,24 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m qft.report", description=__doc__.split("\n\n")[0])
     ap.add_argument("paths", nargs="+", help="folders searched for result.json (or result.json files)")
     ap.add_argument("--out", help="output folder (default results/<experiment>)")
+    ap.add_argument("--versus", default="", help="the reference configuration, as columns of the table: "
+                    "attn_r=8,mlp_r=8 (default: the best configuration)")
+    ap.add_argument("--within", default="", help="compare within groups of these columns: attn_bits,mlp_bits")
     args = ap.parse_args(argv)
+    try:
+        versus = dict(kv.split("=", 1) for kv in args.versus.split(",") if kv) or None
+    except ValueError:
+        print(f"qft.report: error: --versus={args.versus}: COLUMN=VALUE pairs separated by commas", file=sys.stderr)
+        return 2
     missing = [p for p in args.paths if not Path(p).exists()]
     if missing:
         print(f"qft.report: error: paths={missing}: no such file or folder", file=sys.stderr)
         return 2
-    files = report(args.paths, args.out)
+    try:
+        files = report(args.paths, args.out, versus, tuple(c for c in args.within.split(",") if c))
+    except ValueError as e:
+        print(f"qft.report: error: {e}", file=sys.stderr)
+        return 2
     print("wrote " + ", ".join(str(p) for p in files.values()))
     return 0
 

@@ -188,5 +188,49 @@ def test_report_splits_datasets_and_says_which_differences_beat_the_noise(tmp_pa
     # reuters: 0.70 vs 0.70 with wide spreads: no star
     assert "*" not in reuters.split("\n", 2)[2]
     g = report.grouped(report.collect([tmp_path / "runs"]).query("`cfg.data.source` == 'bbc'"))
-    diff, h = report.versus(g, 0, 1)
+    diff, h = report.compare(g, 0, 1)
     assert diff == pytest.approx(-0.09) and h == pytest.approx(half)
+
+
+def test_report_compares_with_a_reference_within_groups(tmp_path):
+    """bits_sweep's question: each cut against rank 8 everywhere at the same bits, never across bits."""
+    accs = {(4, 8, 8): [0.70, 0.72, 0.74], (4, 3, 8): [0.60, 0.61, 0.62],    # 4-bit: the cut costs 0.11
+            (8, 8, 8): [0.80, 0.80, 0.80], (8, 3, 8): [0.80, 0.81, 0.82]}    # 8-bit: within the noise
+    for (bits, a, m), values in accs.items():
+        for seed, acc in enumerate(values):
+            folder = tmp_path / "runs" / f"b{bits}a{a}s{seed}"
+            _record(folder, "reuters", a, m, seed, acc)
+            rec = json.loads((folder / "result.json").read_text())
+            rec["config"]["quant"] = {"attn": {"bits": bits}, "mlp": {"bits": bits}}
+            rec["trainable_params"]["per_depth_group"] = {t: (10 * a + 20 * m) / 3 for t in report.THIRDS}
+            (folder / "result.json").write_text(json.dumps(rec))
+    files = report.report([tmp_path / "runs"], tmp_path / "out", {"attn_r": "8", "mlp_r": "8"}, ("attn_bits",))
+    text = files["summary"].read_text()
+    assert "| adapted | attn_r | attn_bits | mlp_bits | params |" in text
+    rows = {(c[3].strip(), c[2].strip()): line for line in text.splitlines()[4:] if line for c in [line.split("|")]}
+    # Welch: sd 0.01 and 0.02 over 3 seeds, 2.94 degrees of freedom -> t(2) = 4.303
+    assert rows[("4", "3")].endswith(f"| -0.110 ±{4.303 * math.sqrt((0.02 ** 2 + 0.01 ** 2) / 3):.3f} * | 1 |")
+    assert rows[("8", "3")].endswith(f"| +0.010 ±{4.303 * 0.01 / math.sqrt(3):.3f} | 1 |")
+    assert "| reference |" in rows[("4", "8")] and "| reference |" in rows[("8", "8")]
+    assert "params_shallow" not in text  # thirds of equal size are no depth study
+    assert files["cells"].read_bytes()[:4] == b"\x89PNG"
+    res = cli(str(tmp_path / "runs"), "--out", str(tmp_path / "o2"), "--versus", "bits=4", module="qft.report")
+    assert res.returncode == 2 and res.stderr.strip().startswith("qft.report: error: column 'bits' is not in")
+
+
+def test_report_shows_depth_thirds_when_a_configuration_makes_them_uneven(tmp_path):
+    for seed in (0, 1):
+        for cut, per_third in (("none", [80, 80, 80]), ("deep", [80, 80, 20])):
+            folder = tmp_path / "runs" / f"{cut}{seed}"
+            _record(folder, "reuters", 8, 8, seed, 0.7 + 0.01 * seed - (0.1 if cut == "deep" else 0))
+            rec = json.loads((folder / "result.json").read_text())
+            rec["config"]["adapter"]["depth_groups"] = {} if cut == "none" else {"deep": {"layers": [2, 2], "r": 2}}
+            rec["config_hash"] += cut
+            rec["trainable_params"]["per_depth_group"] = dict(zip(report.THIRDS, per_third))
+            rec["trainable_params"]["total"] = sum(per_third)
+            (folder / "result.json").write_text(json.dumps(rec))
+    files = report.report([tmp_path / "runs"], tmp_path / "out")
+    text = files["summary"].read_text()
+    assert "| params_shallow | params_middle | params_deep | params |" in text
+    assert "| 80 | 80 | 20 | 180 | 2 | 0.605 |" in text and "| 80 | 80 | 80 | 240 | 2 | 0.705 |" in text
+    assert files["cells"].read_bytes()[:4] == b"\x89PNG"
