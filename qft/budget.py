@@ -6,11 +6,15 @@ parameters, so each layer type (or depth group) has a fixed cost per unit of ran
 for integer ranks by one of three methods: `shares` (the split between groups nearest the requested shares),
 `uniform` (the same rank on every group) or `fitted` (per layer type, the allocation a model of accuracy
 against rank, least-squares fitted on a study's result records, predicts best; see `fit` and `propose`).
+With `budget.bits_records` (a bits sweep's records) it also proposes the bits of the frozen base per layer type:
+the smallest base the seed noise cannot tell from the best (`propose_bits`).
 
     python -m qft.budget model=smollm2_135m budget.params=1000000
     python -m qft.budget model=local model.path=/models/Llama-2-7b budget.params=4e6 budget.split=depth
     python -m qft.budget model=smollm2_135m budget.params=1146000 budget.method=fitted \
         budget.records=results/rank_sweep/runs budget.records_data=bbc_news
+    python -m qft.budget budget.params=1831680 budget.method=fitted budget.records=results/rank_sweep/runs \
+        budget.records_data=reuters_r8 budget.bits_records=results/bits_sweep/runs
 """
 
 from __future__ import annotations
@@ -394,6 +398,87 @@ def propose(f: Fit, layers: list[L.Layer], params: float, tolerance: float, max_
                     diff=diff, diff_ci=ci, costs=costs)
 
 
+# --------------------------------------------------------------------------- bits of the frozen base
+
+@dataclass
+class BitsProposal:
+    """Accuracy per (attention bits, MLP bits) of the base over the adapters measured at every one of them, and
+    the cheapest setting the seed noise cannot tell from the best."""
+
+    table: list[dict]      # per bits setting: attn, mlp, n, mean, sd, base_bytes, diff (vs best), ci
+    best: dict
+    chosen: dict
+    adapters: int          # adapter configurations pooled (those measured at every bits setting)
+    data: str | None
+
+    def describe(self) -> str:
+        lines = [f"bits of the frozen base, from {sum(r['n'] for r in self.table)} ok records of {self.data} "
+                 f"({self.adapters} adapter configurations measured at every setting, pooled):",
+                 "| attn bits | mlp bits | n | mean acc | base MB | vs best | |", "|---|---|---|---|---|---|---|"]
+        for r in self.table:
+            mark = "proposed" if r is self.chosen else ""
+            vs = "best" if r is self.best else f"{r['diff']:+.4f} ±{r['ci']:.4f}" + (" *" if abs(r["diff"]) > r["ci"] else "")
+            lines.append(f"| {r['attn']} | {r['mlp']} | {r['n']} | {r['mean']:.4f} | {r['base_bytes'] / 1e6:,.1f} | "
+                         f"{vs} | {mark} |")
+        c, b = self.chosen, self.best
+        lines.append(f"proposed bits: attn {c['attn']}, mlp {c['mlp']}: the smallest base whose accuracy is within the "
+                     "seed noise of the best (95% Welch)" + ("" if c is b else f"; {b['base_bytes'] / c['base_bytes']:.2f}x "
+                     f"smaller than the best-measured setting (attn {b['attn']}, mlp {b['mlp']})"))
+        return "\n".join(lines)
+
+
+def propose_bits(df, data: str | None = None) -> BitsProposal:
+    """The fewest bits per layer type that cost no measurable accuracy, from a bits sweep's records.
+
+    Why pooled over adapters: each bits setting is compared on the same adapter configurations (those measured
+    at every setting), so the adapters' own effect cancels and every seed of every adapter is a sample of the
+    setting; a setting is proposed over the best one only while the Welch interval of their difference holds 0,
+    and among those the one whose frozen base is smallest wins (the point of fewer bits is memory)."""
+    from qft.report import compare
+
+    if df is None or len(df) == 0 or "status" not in df:
+        raise QftError("budget.bits_records", None, "no result record")
+    ok = df[(df.status == "ok") & df.acc_test.notna() & df.attn_bits.notna() & df.mlp_bits.notna()]
+    sources = sorted(ok["cfg.data.source"].dropna().unique()) if "cfg.data.source" in ok else []
+    if data is None and len(sources) > 1:
+        raise QftError("budget.records_data", None, f"the bits records hold several datasets ({', '.join(sources)}); "
+                       "choose one, e.g. budget.records_data=" + sources[0])
+    if data is not None and len(sources) > 1:
+        ok = ok[ok["cfg.data.source"] == data]
+    bits = ok.assign(_b=list(zip(ok.attn_bits.astype(int), ok.mlp_bits.astype(int))),
+                     _a=list(zip(ok.attn_r, ok.mlp_r)))
+    settings = sorted(set(bits._b))
+    common = set.intersection(*(set(bits[bits._b == b]._a) for b in settings)) if settings else set()
+    bits = bits[bits._a.isin(common)]
+    if len(settings) < 2 or not common:
+        raise QftError("budget.bits_records", f"{len(settings)} bits settings",
+                       "records of at least two bits settings on a common adapter configuration are needed")
+    import pandas as pd
+
+    g = bits.groupby("_b")
+    t = pd.DataFrame({"acc_mean": g.acc_test.mean(), "acc_sd": g.acc_test.std().fillna(0.0),
+                      "n_seeds": g.acc_test.count(), "base_bytes": g.base_bytes.mean()}).reset_index()
+    if (t.n_seeds < 2).any():
+        raise QftError("budget.bits_records", "one record", "every bits setting needs two records or more for its noise")
+    j = t.acc_mean.idxmax()
+    table = [{"attn": a, "mlp": m, "n": int(r.n_seeds), "mean": r.acc_mean, "sd": r.acc_sd, "base_bytes": r.base_bytes,
+              "is_best": i == j, **dict(zip(("diff", "ci"), compare(t, i, j)))} for i, r in t.iterrows() for a, m in [r._b]]
+    table.sort(key=lambda r: r["base_bytes"])
+    best = next(r for r in table if r["is_best"])
+    chosen = next(r for r in table if r["diff"] >= 0 or abs(r["diff"]) <= r["ci"])
+    return BitsProposal(table=table, best=best, chosen=chosen, adapters=len(common),
+                        data=data if data in sources else (sources[0] if sources else None))
+
+
+def bits_records(cfg) -> BitsProposal:
+    path = Path(str(cfg.bits_records)).expanduser()
+    if not path.is_dir():
+        raise QftError("budget.bits_records", str(cfg.bits_records), "no such folder")
+    from qft import report
+
+    return propose_bits(report.collect([path]), cfg.get("records_data"))
+
+
 def allocations(layers: list[L.Layer], params: float, split: str, tolerance: float, grid) -> list[dict]:
     """Every combination of grid ranks per group whose exact count lies within tolerance of the budget."""
     costs = cost_per_rank(layers, split)
@@ -418,6 +503,7 @@ def main(argv=None) -> int:
         check(cfg.budget)
         layers = meta_layers(model.resolve(cfg.model, cfg.cache_dir))
         costs = cost_per_rank(layers, cfg.budget.split)
+        bits = bits_records(cfg.budget) if cfg.budget.get("bits_records") else None
         if method == "fitted":
             f = fit_records(cfg.budget)
             proposal = propose(f, layers, cfg.budget.params, cfg.budget.tolerance, cfg.budget.get("max_rank"))
@@ -439,6 +525,8 @@ def main(argv=None) -> int:
         if f.model and f.model != cfg.model.name:
             print(f"note: the records come from model {f.model}; this plan is for {cfg.model.name}")
         print(proposal.describe())
+        if bits:
+            print(bits.describe())
         return 0
     print(f"allocations within {cfg.budget.tolerance:.0%} of {cfg.budget.params:,.0f} trainable parameters:")
     print("| " + " | ".join(f"r_{g}" for g in costs) + " | params | off by |")
@@ -449,6 +537,8 @@ def main(argv=None) -> int:
         total = sum(ranks[g] * c for g, c in costs.items())
         print(f"uniform (budget.method=uniform): rank {next(iter(ranks.values()))} on every group, {total:,} parameters "
               f"({(total - cfg.budget.params) / cfg.budget.params:+.2%})")
+    if bits:
+        print(bits.describe())
     return 0
 
 

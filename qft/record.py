@@ -23,7 +23,8 @@ SCHEMA = 1
 # keys that change how a run is executed, resumed, logged or swept, not what it computes (the speed and
 # memory switches are tested to give the same losses and gradients)
 _NOT_HASHED = {("train", "resume"), ("train", "stop_after_steps"), ("train", "host_allocator"), ("cache_dir",), ("sweep",), ("grid",), ("logger",),
-               ("quant", "cache_dequantized"), ("quant", "cache_quantized"), ("offload",)}
+               ("quant", "cache_dequantized"), ("quant", "cache_quantized"), ("offload",),
+               ("budget", "bits_records")}  # read by python -m qft.budget only, never by a run
 # keys added after records existed, left out of the hash at the value that means the old behaviour, so those
 # records keep their hash (a sweep still skips them)
 _HASHED_UNLESS = {("adapter", "dropout_mask"): "torch"}

@@ -206,3 +206,37 @@ def test_cli_proposes_ranks_within_tolerance_on_the_committed_bbc_records(params
     assert count == 115200 * a + 190080 * m and abs(count - params) <= 0.02 * params
     assert a <= 8 and m <= 8  # the largest rank the sweep measured
     assert "predicted difference, fitted - uniform" in out or "uniform allocation itself" in out
+
+
+def bits_records(means: dict, spread=0.01) -> pd.DataFrame:
+    """A bits sweep's records: per (attn bits, mlp bits) two adapter configurations x 3 seeds around a mean."""
+    rows = []
+    for (ab, mb), mean in means.items():
+        for adapter_r in ((8, 8), (3, 8)):
+            for s, d in enumerate((-spread, 0.0, spread)):
+                rows.append({"status": "ok", "attn_r": adapter_r[0], "mlp_r": adapter_r[1], "seed": s,
+                             "acc_test": mean + d, "attn_bits": ab, "mlp_bits": mb, "cfg.data.source": "r8",
+                             "base_bytes": 1000 * (ab + mb)})
+    return pd.DataFrame(rows)
+
+
+def test_bits_proposal_is_the_smallest_base_within_the_noise_of_the_best():
+    df = bits_records({(4, 4): 0.70, (8, 8): 0.80, (16, 16): 0.805})
+    # an adapter measured at one setting only is no like-for-like evidence: left out of the pooling
+    df = pd.concat([df, pd.DataFrame([{**df.iloc[-1].to_dict(), "attn_r": 2, "mlp_r": 2, "acc_test": 0.1}])])
+    p = budget.propose_bits(df)
+    assert [(r["attn"], r["mlp"], r["n"]) for r in p.table] == [(4, 4, 6), (8, 8, 6), (16, 16, 6)]
+    assert (p.best["attn"], p.chosen["attn"]) == (16, 8) and p.adapters == 2
+    # 4-bit: 0.105 below the best with sd 0.011 over 6 records each: far beyond the noise
+    four = p.table[0]
+    assert four["diff"] == pytest.approx(-0.105) and abs(four["diff"]) > four["ci"]
+    assert "proposed bits: attn 8, mlp 8" in p.describe() and "2.00x smaller" in p.describe()
+    p = budget.propose_bits(bits_records({(4, 4): 0.795, (8, 8): 0.80}))
+    assert (p.chosen["attn"], p.chosen["mlp"]) == (4, 4)
+    with pytest.raises(QftError, match="budget.bits_records"):
+        budget.propose_bits(bits_records({(4, 4): 0.7}))
+
+
+def test_bits_records_key_changes_no_run_hash():
+    cfg = {"seed": 0, "budget": {"params": 1000, "bits_records": None}}
+    assert record.config_hash(cfg) == record.config_hash({**cfg, "budget": {**cfg["budget"], "bits_records": "x"}})
