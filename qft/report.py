@@ -89,7 +89,7 @@ def grouped(df, versus: dict | None = None, within: tuple = ()) -> "pd.DataFrame
     out["acc_sd"] = g.acc_test.std().fillna(0.0)
     out["ci95"] = [_t95(n) * sd / math.sqrt(n) if n > 1 else float("nan") for n, sd in zip(out.n_seeds, out.acc_sd)]
     out["tokens_per_s"] = g.tokens_per_s.mean()
-    out = out.sort_values(["params", "acc_mean"]).reset_index(drop=True)
+    out = out.sort_values([*within, "params", "acc_mean"]).reset_index(drop=True)
     out["vs_best"], out["vs_best_ci95"], out["vs_ref"] = float("nan"), float("nan"), -1
     for _, part in (out.groupby(list(within), sort=False) if within else [(None, out)]):
         ref = reference(part, versus)
