@@ -64,9 +64,33 @@ def versions() -> dict:
     return out
 
 
+def reset_peak_memory(device) -> None:
+    """Start this run's peak afresh: a sweep runs its jobs in one process, whose lifetime peak (ru_maxrss) would
+    carry an earlier job's peak into every later record. Linux resets the resident high-water mark (VmHWM) on
+    writing 5 to clear_refs; elsewhere the lifetime peak stays what is recorded."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+    if getattr(device, "type", device) == "cuda":
+        import torch
+
+        torch.cuda.reset_peak_memory_stats()
+
+
+def _vm_hwm() -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def peak_memory(device) -> dict:
-    """Peak resident set of this process (CPU) or peak allocated tensors (CUDA), in bytes."""
-    out = {"peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+    """Peak resident set of this process since the run began (CPU), or peak allocated tensors (CUDA), in bytes."""
+    out = {"peak_rss_bytes": _vm_hwm() or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
     if getattr(device, "type", device) == "cuda":
         import torch
 

@@ -40,6 +40,7 @@ def run(cfg, run_dir: Path) -> dict:
     tracker = logger.Tracker()
     try:
         device = torch.device(config.validate(cfg))
+        record.reset_peak_memory(device)
         train.tune_host_allocator(cfg.train)
         source = model.resolve(cfg.model, cfg.cache_dir)
         rec["budget_ranks"] = budget.apply(cfg, budget.meta_layers(source)) if cfg.budget.params is not None else None

@@ -234,3 +234,18 @@ def test_report_shows_depth_thirds_when_a_configuration_makes_them_uneven(tmp_pa
     assert "| params_shallow | params_middle | params_deep | params |" in text
     assert "| 80 | 80 | 20 | 180 | 2 | 0.605 |" in text and "| 80 | 80 | 80 | 240 | 2 | 0.705 |" in text
     assert files["cells"].read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="Linux only: VmHWM reset")
+def test_each_run_records_its_own_peak_not_an_earlier_jobs_of_the_same_process():
+    import numpy as np
+    import torch
+
+    from qft import record
+
+    big = np.ones(400_000_000 // 8)  # 400 MB touched, as an earlier job of a sweep would leave its peak
+    del big
+    before = record.peak_memory(torch.device("cpu"))["peak_rss_bytes"]
+    record.reset_peak_memory(torch.device("cpu"))
+    after = record.peak_memory(torch.device("cpu"))["peak_rss_bytes"]
+    assert before - after > 300e6
