@@ -234,7 +234,10 @@ def plot_bits_rank(g, out: Path, title: str) -> Path:
         for _, r in sub.iterrows():
             ax.annotate(f"a{r.attn_r}/m{r.mlp_r}", (r.params, r.acc_mean), fontsize=7, xytext=(3, 3),
                         textcoords="offset points")
-        ax.set_xscale("log")
+        if sub.params.max() > 10 * max(sub.params.min(), 1):
+            ax.set_xscale("log")
+        else:  # a narrow range: a log axis would have no labelled tick in it
+            ax.ticklabel_format(axis="x", style="sci", scilimits=(6, 6))
         ax.set_title(f"attn {ab}-bit, mlp {mb}-bit", fontsize=9)
         ax.set_xlabel("trainable parameters")
         ax.grid(alpha=0.3)
