@@ -1,0 +1,49 @@
+"""Finding 2's test on the alpha sweep's records: does accuracy follow the alpha values alone, whatever the
+layer type they are set on?
+
+    python experiments/alpha_sweep/analyse.py [results/alpha_sweep/runs]
+
+Two views. (1) A least-squares fit, every seed's record a point, of
+acc = c + u*log2(alpha_attn/16) + v*log2(alpha_mlp/16) + w*log2(alpha_attn/16)*log2(alpha_mlp/16):
+u and v are each type's gain per doubling of its alpha at the default 16 on the other; if layer type does not
+matter, u = v (the interval of u - v holds 0). (2) Mirrored cells: attention alpha a with MLP alpha b against
+attention b with MLP a; if only the values matter they agree (Welch 95% interval of the difference holds 0).
+"""
+
+import sys
+
+import numpy as np
+
+from qft import report
+
+
+def main(path="results/alpha_sweep/runs") -> None:
+    df = report.collect([path]).query("status == 'ok'")
+    a = np.log2(df.attn_alpha.astype(float).to_numpy() / 16)
+    m = np.log2(df.mlp_alpha.astype(float).to_numpy() / 16)
+    y = df.acc_test.astype(float).to_numpy()
+    X = np.stack([np.ones_like(a), a, m, a * m], 1)
+    coef, *_ = np.linalg.lstsq(X, y, rcond=None)
+    resid = y - X @ coef
+    dof = len(y) - X.shape[1]
+    cov = (resid @ resid / dof) * np.linalg.inv(X.T @ X)
+    t = report._t95(dof + 1)
+    print(f"fit of {len(y)} records ({dof} degrees of freedom, residual SE {np.sqrt(resid @ resid / dof):.4f}):")
+    for name, d in (("u: attention, per doubling of its alpha", [0, 1, 0, 0]),
+                    ("v: MLP, per doubling of its alpha", [0, 0, 1, 0]),
+                    ("w: interaction", [0, 0, 0, 1]), ("u - v: attention minus MLP", [0, 1, -1, 0])):
+        d = np.array(d, float)
+        print(f"  {name}: {d @ coef:+.4f} ±{t * np.sqrt(d @ cov @ d):.4f} (95%)")
+    g = df.groupby(["attn_alpha", "mlp_alpha"]).acc_test.agg(["mean", "std", "count"])
+    g = g.rename(columns={"mean": "acc_mean", "std": "acc_sd", "count": "n_seeds"}).fillna(0.0)
+    print("mirrored cells (attention alpha, MLP alpha) against (MLP's, attention's):")
+    for (x, z) in g.index:
+        if x < z and (z, x) in g.index:
+            diff, half = report.compare(g, (x, z), (z, x))
+            star = " *" if abs(diff) > half else ""
+            print(f"  attn {x:g}, mlp {z:g}: {g.acc_mean[(x, z)]:.3f} vs attn {z:g}, mlp {x:g}: "
+                  f"{g.acc_mean[(z, x)]:.3f}: {diff:+.3f} ±{half:.3f}{star}")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
