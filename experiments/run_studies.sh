@@ -18,4 +18,5 @@ sweep +experiment=rank_sweep data=reuters_r8 seed=0,1,2       # finding 1, secon
 sweep +experiment=bits_sweep data=reuters_r8 seed=0,1,2       # finding 3: equal cuts at 4/8/16 bits
 sweep +experiment=alpha_sweep data=reuters_r8 seed=0,1,2      # finding 2
 sweep +experiment=depth_sweep data=reuters_r8 seed=0,1,2      # equal cuts by depth third
+sweep +experiment=alpha_depth data=reuters_r8 seed=0,1,2      # finding 2 by depth: alpha 64 on one third
 sweep +experiment=allocator_check seed=0,1,2                  # the fitted allocator against uniform, held out

@@ -28,7 +28,8 @@ if TYPE_CHECKING:
 # the config keys a layer-sensitivity study varies, and their short column names
 AXES = {"adapter.attn.r": "attn_r", "adapter.mlp.r": "mlp_r", "adapter.attn.alpha": "attn_alpha",
         "adapter.mlp.alpha": "mlp_alpha", "quant.attn.bits": "attn_bits", "quant.mlp.bits": "mlp_bits",
-        "budget.params": "budget", "budget.shares": "budget_shares", "budget.method": "budget_method"}
+        "budget.params": "budget", "budget.shares": "budget_shares", "budget.method": "budget_method",
+        **{f"adapter.depth_groups.{t}.alpha": f"{t}_alpha" for t in ("shallow", "middle", "deep")}}
 THIRDS = ("shallow", "middle", "deep")
 
 
