@@ -31,6 +31,7 @@ AXES = {"adapter.attn.r": "attn_r", "adapter.mlp.r": "mlp_r", "adapter.attn.alph
         "budget.params": "budget", "budget.shares": "budget_shares", "budget.method": "budget_method",
         **{f"adapter.depth_groups.{t}.alpha": f"{t}_alpha" for t in ("shallow", "middle", "deep")}}
 THIRDS = ("shallow", "middle", "deep")
+THIRD_ALPHAS = tuple(f"{t}_alpha" for t in THIRDS)
 
 
 def row(rec: dict, path: Path) -> dict:
@@ -251,7 +252,7 @@ def plot_cells(g, out: Path, title: str) -> Path:
     """Every configuration with its 95% interval, labelled by what varies: equal-size cuts side by side."""
     import matplotlib.pyplot as plt
 
-    varying = [c for c in ("attn_bits", "mlp_bits", "attn_r", "mlp_r") if _varies(g, c)] \
+    varying = [c for c in ("attn_bits", "mlp_bits", "attn_r", "mlp_r", *THIRD_ALPHAS) if _varies(g, c)] \
         + ([f"params_{t}" for t in THIRDS] if _uneven_depth(g) else [])
     order = g.sort_values([c for c in ("attn_bits", "mlp_bits") if c in varying] + ["params"], ascending=False)
     labels = [", ".join(f"{c.replace('params_', '')} {_short(r[c])}" for c in varying) for _, r in order.iterrows()]
@@ -267,7 +268,11 @@ def plot_cells(g, out: Path, title: str) -> Path:
 
 
 def _short(v) -> str:
-    return f"{v / 1e3:,.0f}k" if isinstance(v, float) and v >= 1e4 else f"{v:g}" if isinstance(v, float) else str(v)
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return str(v)
+    return f"{x / 1e3:,.0f}k" if x >= 1e4 else f"{x:g}"
 
 
 def markdown(g, df, versus: dict | None = None, within: tuple = ()) -> str:
@@ -342,7 +347,7 @@ def _summarise(df, out: Path, experiment: str, versus: dict | None = None, withi
                 files["alpha_heatmap"] = plot_heatmap(g, out, "attn_alpha", "mlp_alpha", "alpha_heatmap.png", title)
         if _varies(g, "attn_bits") or _varies(g, "mlp_bits"):
             files["bits_rank"] = plot_bits_rank(g, out, title)
-        if _uneven_depth(g) or _varies(g, "attn_bits") or _varies(g, "mlp_bits"):
+        if _uneven_depth(g) or any(_varies(g, c) for c in ("attn_bits", "mlp_bits", *THIRD_ALPHAS)):
             files["cells"] = plot_cells(g, out, title)
     print(f"## {out}\n\n{summary}")
     return files
