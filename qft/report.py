@@ -25,13 +25,13 @@ from qft.record import RECORD, config_hash, flatten
 if TYPE_CHECKING:
     import pandas as pd
 
+THIRDS = ("shallow", "middle", "deep")
+THIRD_ALPHAS = tuple(f"{t}_alpha" for t in THIRDS)
 # the config keys a layer-sensitivity study varies, and their short column names
 AXES = {"adapter.attn.r": "attn_r", "adapter.mlp.r": "mlp_r", "adapter.attn.alpha": "attn_alpha",
         "adapter.mlp.alpha": "mlp_alpha", "quant.attn.bits": "attn_bits", "quant.mlp.bits": "mlp_bits",
         "budget.params": "budget", "budget.shares": "budget_shares", "budget.method": "budget_method",
-        **{f"adapter.depth_groups.{t}.alpha": f"{t}_alpha" for t in ("shallow", "middle", "deep")}}
-THIRDS = ("shallow", "middle", "deep")
-THIRD_ALPHAS = tuple(f"{t}_alpha" for t in THIRDS)
+        **{f"adapter.depth_groups.{t}.alpha": f"{t}_alpha" for t in THIRDS}}
 
 
 def row(rec: dict, path: Path) -> dict:

@@ -238,13 +238,17 @@ def test_report_shows_depth_thirds_when_a_configuration_makes_them_uneven(tmp_pa
 
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="Linux only: VmHWM reset")
 def test_each_run_records_its_own_peak_not_an_earlier_jobs_of_the_same_process():
-    import numpy as np
+    import mmap
+
     import torch
 
     from qft import record
 
-    big = np.ones(400_000_000 // 8)  # 400 MB touched, as an earlier job of a sweep would leave its peak
-    del big
+    # 400 MB touched and handed back to the OS, as an earlier job of a sweep leaves its peak behind (mmap, not
+    # malloc: with train.host_allocator=tuned, freed heap memory stays resident by design)
+    big = mmap.mmap(-1, 400 * 2 ** 20)
+    big.write(b"\1" * len(big))
+    big.close()
     before = record.peak_memory(torch.device("cpu"))["peak_rss_bytes"]
     record.reset_peak_memory(torch.device("cpu"))
     after = record.peak_memory(torch.device("cpu"))["peak_rss_bytes"]
