@@ -236,23 +236,14 @@ def fit(df, data: str | None = None) -> Fit:
     if df is None or len(df) == 0 or "status" not in df:
         raise QftError("budget.records", None, "no result record to fit")
     ok = df[(df.status == "ok") & df.acc_test.notna() & df.attn_r.notna() & df.mlp_r.notna()]
-    col = "cfg.data.source"
-    sources = sorted(ok[col].dropna().unique()) if col in ok else []
-    if data is None and len(sources) > 1:
-        raise QftError("budget.records_data", None, f"the records hold several datasets ({', '.join(sources)}); "
-                       "choose the one to fit, e.g. budget.records_data=" + sources[0])
-    if data is not None:
-        if data not in sources:
-            raise QftError("budget.records_data", data, "no ok record of that dataset; the records hold: "
-                           + (", ".join(sources) or "none"))
-        ok = ok[ok[col] == data]
+    ok, data = one_dataset(ok, data, "records", strict=True)
     if ok.empty:
         raise QftError("budget.records", None, "no ok record with a test accuracy and adapter ranks")
     zero = (ok.attn_r == 0) & (ok.mlp_r == 0)
     n_zero, ok = int(zero.sum()), ok[~zero]
     models = sorted(ok["cfg.model.name"].dropna().unique()) if "cfg.model.name" in ok else []
     if len(models) > 1:
-        raise QftError("budget.records", None, f"the {data or sources[0]} records come from several models "
+        raise QftError("budget.records", None, f"the {data} records come from several models "
                        f"({', '.join(models)}); fit one model's records")
     ra, rm = ok.attn_r.astype(float).to_numpy(), ok.mlp_r.astype(float).to_numpy()
     y = ok.acc_test.astype(float).to_numpy()
@@ -274,10 +265,38 @@ def fit(df, data: str | None = None) -> Fit:
     by_cell = ok.assign(_y=y).groupby([ok.attn_r.astype(int), ok.mlp_r.astype(int)])._y
     within = float(((y - by_cell.transform("mean").to_numpy()) ** 2).sum())
     return Fit(coef=coef, cov=s2 * np.linalg.inv(X.T @ X), resid_se=math.sqrt(s2), dof=n - p, n_records=n,
-               n_cells=cells, data=data or (sources[0] if sources else None), model=models[0] if models else None,
+               n_cells=cells, data=data, model=models[0] if models else None,
                measured={"attn": int(ra.max()), "mlp": int(rm.max())},
                cells=[(a, m, int(k), float(v)) for (a, m), k, v in zip(by_cell.mean().index, by_cell.count(), by_cell.mean())],
                pure_sd=math.sqrt(within / (n - cells)) if n > cells else None, n_zero_shot=n_zero)
+
+
+def one_dataset(ok, data: str | None, what: str, strict: bool):
+    """The records of one dataset (data.source) and its name: `data` where the records hold several, else the
+    only one they hold. strict: `data`, when given, must be among them (the records were made for it); not strict:
+    it only chooses among several (budget.records_data names the rank records' dataset, which the bits records
+    need not share)."""
+    col = "cfg.data.source"
+    sources = sorted(ok[col].dropna().unique()) if col in ok else []
+    if len(sources) > 1 or (strict and data is not None):
+        if data is None:
+            raise QftError("budget.records_data", None, f"the {what} hold several datasets ({', '.join(sources)}); "
+                           "choose one, e.g. budget.records_data=" + sources[0])
+        if data not in sources:
+            raise QftError("budget.records_data", data, f"no ok record of that dataset; the {what} hold: "
+                           + (", ".join(sources) or "none"))
+        return ok[ok[col] == data], data
+    return ok, sources[0] if sources else None
+
+
+def _collect(key: str, folder):
+    """The records under a folder named by a budget key, through qft.report.collect (the one reader of records)."""
+    path = Path(str(folder)).expanduser()
+    if not path.is_dir():
+        raise QftError(key, str(folder), "no such folder")
+    from qft import report
+
+    return report.collect([path])
 
 
 def fit_records(cfg) -> Fit:
@@ -286,13 +305,9 @@ def fit_records(cfg) -> Fit:
     if not cfg.get("records"):
         raise QftError("budget.records", None, "budget.method=fitted needs a folder of result records, "
                        "e.g. budget.records=results/rank_sweep/runs")
-    path = Path(str(cfg.records)).expanduser()
-    if not path.is_dir():
-        raise QftError("budget.records", str(cfg.records), "no such folder")
-    from qft import report
     from qft.record import RECORD
 
-    df = report.collect([path])
+    df = _collect("budget.records", cfg.records)
     if df.empty or not (df.status == "ok").any():
         raise QftError("budget.records", str(cfg.records), f"no ok result record ({RECORD}) under it")
     f = fit(df, cfg.get("records_data"))
@@ -434,17 +449,12 @@ def propose_bits(df, data: str | None = None) -> BitsProposal:
     at every setting), so the adapters' own effect cancels and every seed of every adapter is a sample of the
     setting; a setting is proposed over the best one only while the Welch interval of their difference holds 0,
     and among those the one whose frozen base is smallest wins (the point of fewer bits is memory)."""
-    from qft.report import compare
+    from qft.report import compare, seed_stats
 
     if df is None or len(df) == 0 or "status" not in df:
         raise QftError("budget.bits_records", None, "no result record")
     ok = df[(df.status == "ok") & df.acc_test.notna() & df.attn_bits.notna() & df.mlp_bits.notna()]
-    sources = sorted(ok["cfg.data.source"].dropna().unique()) if "cfg.data.source" in ok else []
-    if data is None and len(sources) > 1:
-        raise QftError("budget.records_data", None, f"the bits records hold several datasets ({', '.join(sources)}); "
-                       "choose one, e.g. budget.records_data=" + sources[0])
-    if data is not None and len(sources) > 1:
-        ok = ok[ok["cfg.data.source"] == data]
+    ok, data = one_dataset(ok, data, "bits records", strict=False)
     bits = ok.assign(_b=list(zip(ok.attn_bits.astype(int), ok.mlp_bits.astype(int))),
                      _a=list(zip(ok.attn_r, ok.mlp_r)))
     settings = sorted(set(bits._b))
@@ -453,11 +463,8 @@ def propose_bits(df, data: str | None = None) -> BitsProposal:
     if len(settings) < 2 or not common:
         raise QftError("budget.bits_records", f"{len(settings)} bits settings",
                        "records of at least two bits settings on a common adapter configuration are needed")
-    import pandas as pd
-
     g = bits.groupby("_b")
-    t = pd.DataFrame({"acc_mean": g.acc_test.mean(), "acc_sd": g.acc_test.std().fillna(0.0),
-                      "n_seeds": g.acc_test.count(), "base_bytes": g.base_bytes.mean()}).reset_index()
+    t = seed_stats(g).assign(base_bytes=g.base_bytes.mean()).reset_index()
     if (t.n_seeds < 2).any():
         raise QftError("budget.bits_records", "one record", "every bits setting needs two records or more for its noise")
     j = t.acc_mean.idxmax()
@@ -466,17 +473,11 @@ def propose_bits(df, data: str | None = None) -> BitsProposal:
     table.sort(key=lambda r: r["base_bytes"])
     best = next(r for r in table if r["is_best"])
     chosen = next(r for r in table if r["diff"] >= 0 or abs(r["diff"]) <= r["ci"])
-    return BitsProposal(table=table, best=best, chosen=chosen, adapters=len(common),
-                        data=data if data in sources else (sources[0] if sources else None))
+    return BitsProposal(table=table, best=best, chosen=chosen, adapters=len(common), data=data)
 
 
 def bits_records(cfg) -> BitsProposal:
-    path = Path(str(cfg.bits_records)).expanduser()
-    if not path.is_dir():
-        raise QftError("budget.bits_records", str(cfg.bits_records), "no such folder")
-    from qft import report
-
-    return propose_bits(report.collect([path]), cfg.get("records_data"))
+    return propose_bits(_collect("budget.bits_records", cfg.bits_records), cfg.get("records_data"))
 
 
 def allocations(layers: list[L.Layer], params: float, split: str, tolerance: float, grid) -> list[dict]:

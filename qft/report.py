@@ -85,10 +85,7 @@ def grouped(df, versus: dict | None = None, within: tuple = ()) -> "pd.DataFrame
         if col not in ok:
             raise ValueError(f"column {col!r} is not in the records; allowed: {', '.join(keep)}")
     g = ok.groupby("config_key", sort=False)
-    out = g[keep].first()
-    out["n_seeds"] = g.acc_test.count()
-    out["acc_mean"] = g.acc_test.mean()
-    out["acc_sd"] = g.acc_test.std().fillna(0.0)
+    out = g[keep].first().join(seed_stats(g))
     out["ci95"] = [_t95(n) * sd / math.sqrt(n) if n > 1 else float("nan") for n, sd in zip(out.n_seeds, out.acc_sd)]
     out["tokens_per_s"] = g.tokens_per_s.mean()
     out = out.sort_values([*within, "params", "acc_mean"]).reset_index(drop=True)
@@ -99,6 +96,14 @@ def grouped(df, versus: dict | None = None, within: tuple = ()) -> "pd.DataFrame
             out.loc[i, ["vs_best", "vs_best_ci95", "vs_ref"]] = (*compare(out, i, ref), ref) if ref is not None \
                 else (float("nan"), float("nan"), -1)
     return out
+
+
+def seed_stats(g) -> "pd.DataFrame":
+    """Test accuracy per group of a groupby over records: number of seeds, mean and standard deviation."""
+    import pandas as pd
+
+    return pd.DataFrame({"n_seeds": g.acc_test.count(), "acc_mean": g.acc_test.mean(),
+                         "acc_sd": g.acc_test.std().fillna(0.0)})
 
 
 def reference(part, versus: dict | None):

@@ -34,8 +34,7 @@ def main(path="results/alpha_sweep/runs") -> None:
                     ("w: interaction", [0, 0, 0, 1]), ("u - v: attention minus MLP", [0, 1, -1, 0])):
         d = np.array(d, float)
         print(f"  {name}: {d @ coef:+.4f} ±{t * np.sqrt(d @ cov @ d):.4f} (95%)")
-    g = df.groupby(["attn_alpha", "mlp_alpha"]).acc_test.agg(["mean", "std", "count"])
-    g = g.rename(columns={"mean": "acc_mean", "std": "acc_sd", "count": "n_seeds"}).fillna(0.0)
+    g = report.seed_stats(df.groupby(["attn_alpha", "mlp_alpha"]))
     print("mirrored cells (attention alpha, MLP alpha) against (MLP's, attention's):")
     for (x, z) in g.index:
         if x < z and (z, x) in g.index:
