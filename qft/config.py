@@ -43,6 +43,9 @@ def validate(cfg, depth: int | None = None, planning: bool = False) -> str:
     logger.check(cfg.logger)
     offload.check(cfg.offload)
     evaluate.check(cfg.get("evaluate"))
+    if cfg.quant.compute_dtype == "fp16":
+        raise QftError("quant.compute_dtype", "fp16", "fp16 training needs loss scaling, which qft does not do; "
+                                                       "use bf16, fp32 or auto")
     if cfg.offload.route == "neighbour" and dev != "cuda":
         raise QftError("offload.route", "neighbour", "needs CUDA GPUs with peer access (an NVLink bridge); use host")
     if cfg.offload.mode == "pipeline" and cfg.train.batch_size % cfg.offload.micro_batches:

@@ -107,16 +107,12 @@ def _local(cfg):
         for col in ("instruction", "output"):
             if col not in ds.column_names:
                 raise QftError("data.path", str(path), f"instruction data needs columns instruction, input, output; found {ds.column_names}")
-        return {"all": [(_alpaca_prompt(r), str(r["output"])) for r in ds]}
+        return {"all": [((str(r["instruction"]), str(r.get("input") or "")), str(r["output"])) for r in ds]}
     for key in ("text_column", "label_column"):
         if cfg[key] not in ds.column_names:
             raise QftError(f"data.{key}", cfg[key], f"columns in {path.name}: {', '.join(ds.column_names)}")
     return {"all": [(str(r[cfg.text_column]), str(r[cfg.label_column])) for r in ds
                     if r[cfg.text_column] is not None and r[cfg.label_column] is not None]}
-
-
-def _alpaca_prompt(row) -> str:
-    return row["instruction"] + (f"\n\n{row['input']}" if row.get("input") else "")
 
 
 SOURCES = {
@@ -128,6 +124,14 @@ SOURCES = {
     "local": _local,
 }
 TASKS = ("classification", "instruction")
+STRATIFY = ("balanced", "proportional")
+# The version of what `prepare` makes from the raw data; it enters the tokenized-data cache key and every record's
+# config hash, so records made by an older version are recomputed, never reused.
+#   1: the text budget subtracted each example's own answer, so the prompt length told the gold label; repeats were
+#      dropped by raw text; instruction data was split in the sorted order of its outputs.
+#   2: one text budget for every example (the longest answer's); repeats dropped by the prompt the model sees;
+#      instruction data split at random by data.split_seed, its instruction kept whole; stratification named.
+FORMAT = 2
 
 
 def check(cfg) -> None:
@@ -143,36 +147,62 @@ def check(cfg) -> None:
             raise QftError(f"data.{key}", v, "an integer >= 1")
     if isinstance(cfg.max_length, bool) or not isinstance(cfg.max_length, int) or cfg.max_length < 8:
         raise QftError("data.max_length", cfg.max_length, "an integer >= 8")
+    one_of("data.stratify", cfg.get("stratify", "balanced"), STRATIFY)
+    if isinstance(cfg.split_seed, bool) or not isinstance(cfg.split_seed, int):
+        raise QftError("data.split_seed", cfg.split_seed, "an integer")
 
 
 # --------------------------------------------------------------------------- splits
 
 def _unique(items):
+    """First occurrence of each item[0] (the text, or the prompt the model sees)."""
     seen, out = set(), []
-    for text, label in items:
-        if text not in seen:
-            seen.add(text)
-            out.append((text, label))
+    for it in items:
+        if it[0] not in seen:
+            seen.add(it[0])
+            out.append(it)
     return out
 
 
-def split(raw: dict, cfg) -> dict[str, list[tuple[str, str]]]:
-    """Fixed, seeded, label-stratified splits; an official test split is kept as the test split."""
+def split(raw: dict, cfg, stratified: bool = True) -> dict[str, list[tuple]]:
+    """Fixed, seeded splits of items (key, label, ...); an official test split is kept as the test split.
+
+    Repeats of item[0] are dropped and none sits in two splits; `prepare` passes the tokenized prompt as item[0],
+    so what is unique is what the model sees. Classification is label-stratified, `balanced` (round-robin across
+    labels, so a small split keeps every label) or `proportional` (each label's share of the pool, largest
+    remainders); instruction data (`stratified=False`) is a seeded random split.
+    """
     rng = random.Random(cfg.split_seed)
     test_pool = _unique(raw["test"]) if raw.get("test") else None
-    held_out = {t for t, _ in test_pool or []}
-    # BBC News (and others) repeat some articles verbatim; a repeat must not sit in two splits
+    held_out = {it[0] for it in test_pool or []}
     pool = [it for it in _unique(raw.get("all") or raw["train"]) if it[0] not in held_out]
+    how = cfg.get("stratify", "balanced") if stratified else "random"
 
-    def stratified(items, n):
-        """n items drawn round-robin across labels, so small splits keep every label."""
-        by_label: dict[str, list] = {}
+    def by_label(items):
+        groups: dict = {}
         for it in items:
-            by_label.setdefault(it[1], []).append(it)
-        for v in by_label.values():
+            groups.setdefault(it[1], []).append(it)
+        for v in groups.values():
             rng.shuffle(v)
+        return [groups[k] for k in sorted(groups)]
+
+    def draw(items, n):
+        if how == "random":
+            items = list(items)
+            rng.shuffle(items)
+            return items[:n], items[n:]
+        queues = by_label(items)
+        if how == "proportional":
+            n = min(n, len(items))
+            quota = [n * len(q) / len(items) for q in queues]
+            take = [int(x) for x in quota]
+            for i in sorted(range(len(queues)), key=lambda i: take[i] - quota[i])[: n - sum(take)]:
+                take[i] += 1
+            chosen = [it for q, k in zip(queues, take) for it in q[:k]]
+            rest = [it for q, k in zip(queues, take) for it in q[k:]]
+            rng.shuffle(chosen)
+            return chosen, rest
         order = []
-        queues = [by_label[k] for k in sorted(by_label)]
         while len(order) < len(items):
             for q in queues:
                 if q:
@@ -180,11 +210,11 @@ def split(raw: dict, cfg) -> dict[str, list[tuple[str, str]]]:
         return order[:n], order[n:]
 
     if test_pool is None:
-        test, pool = stratified(pool, cfg.test_size)
+        test, pool = draw(pool, cfg.test_size)
     else:
-        test, _ = stratified(list(test_pool), cfg.test_size)
-    val, pool = stratified(pool, cfg.val_size)
-    train, _ = stratified(pool, cfg.train_size)
+        test, _ = draw(test_pool, cfg.test_size)
+    val, pool = draw(pool, cfg.val_size)
+    train, _ = draw(pool, cfg.train_size)
     rng.shuffle(train)
     return {"train": train, "val": val, "test": test}
 
@@ -232,68 +262,123 @@ def _encode(tokenizer, text: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def prepare(cfg, tokenizer, cache_dir: str | Path) -> Task:
-    """Load, split, frame and tokenize; read from the on-disk cache when the same content was seen before."""
-    raw = SOURCES[cfg.source](cfg)
-    splits = split(raw, cfg)
-    for name in SPLITS:
-        if not splits[name]:
-            raise QftError(f"data.{name}_size", cfg[f"{name}_size"], f"the {name} split is empty: the dataset has too few examples")
-    classification = cfg.task == "classification"
+def _encode_many(tokenizer, texts: list[str], keep: int) -> list[list[int]]:
+    """The first `keep` tokens of each text. A text is cut to 64 characters a token (plus a margin) first: no
+    token is that long, so its first `keep` tokens are those of the whole text, and long articles cost no time."""
+    chars = 64 * keep + 1000
+    if not texts:
+        return []
+    return [ids[:keep] for ids in tokenizer([t[:chars] for t in texts], add_special_tokens=False)["input_ids"]]
+
+
+def _label_words(cfg, raw: dict, tokenizer) -> tuple[list[str], list[str], list[list[int]]]:
+    """Dataset labels (sorted), their answer words and tokens; each label needs an answer of its own."""
+    labels = sorted({lab for part in raw.values() for _, lab in part})
+    if len(labels) < 2:
+        raise QftError("data.label_column", cfg.label_column, f"needs at least two labels, found {labels}")
     words = dict(cfg.label_words or {})
-    if classification:
-        labels = sorted({lab for s in splits.values() for _, lab in s})
-        if len(labels) < 2:
-            raise QftError("data.label_column", cfg.label_column, f"needs at least two labels, found {labels}")
-        unknown = set(words) - set(labels)
-        if unknown:
-            raise QftError("data.label_words", sorted(unknown), f"not labels of this dataset; labels: {', '.join(labels)}")
-        label_words = [str(words.get(lab, lab)) for lab in labels]
-    else:
-        labels, label_words = [], []
+    unknown = set(map(str, words)) - set(labels)
+    if unknown:
+        raise QftError("data.label_words", sorted(unknown), f"not labels of this dataset; labels: {', '.join(labels)}")
+    words = {str(k): str(v) for k, v in words.items()}
+    label_words = [words.get(lab, lab) for lab in labels]
+    label_tokens = [_encode(tokenizer, w) for w in label_words]
+    for i, t in enumerate(label_tokens):
+        if not t:
+            raise QftError("data.label_words", label_words[i], "every label word must tokenize to at least one token")
+        for j in range(i):
+            if label_tokens[j] == t:
+                raise QftError("data.label_words", f"{labels[j]}:{label_words[j]},{labels[i]}:{label_words[i]}",
+                               "every label needs an answer of its own tokens; these two score as one")
+    return labels, label_words, label_tokens
+
+
+def _frame(cfg, raw: dict, tokenizer, prefix: list[int], suffix: list[int], labels, label_tokens) -> dict:
+    """Every raw example as (prompt ids, label index, answer ids, reference text), the prompt as the model sees it.
+
+    The text budget is the same for every example, `max_length` minus the frame minus the longest answer, so
+    nothing but the text can tell the label (a budget by the gold answer's length made the prompt length a label).
+    Instruction data keeps its instruction whole and cuts only its input; an example whose answer (with EOS) is over
+    max_length // 2 tokens, or whose instruction alone overfills the budget, is left out and counted.
+    """
+    frame = len(prefix) + len(suffix)
+    out, refused = {}, {"answer": 0, "instruction": 0}
+    if cfg.task == "classification":
+        longest = max(map(len, label_tokens))
+        room = cfg.max_length - frame - longest
+        _check_room(cfg, frame, longest, room)
+        index = {lab: i for i, lab in enumerate(labels)}
+        for part, items in raw.items():
+            ids = _encode_many(tokenizer, [t for t, _ in items], room)
+            out[part] = [(tuple(prefix + x + suffix), index[lab], tuple(label_tokens[index[lab]]), "")
+                         for x, (_, lab) in zip(ids, items)]
+        return out
+    cap = cfg.max_length // 2
+    answers = {part: [a + [tokenizer.eos_token_id] for a in _encode_many(tokenizer, [o for _, o in items], cap + 1)]
+               for part, items in raw.items()}
+    kept = [len(a) for part in answers.values() for a in part if len(a) <= cap]
+    longest = max(kept, default=cap)
+    room = cfg.max_length - frame - longest
+    _check_room(cfg, frame, longest, room)
+    for part, items in raw.items():
+        instr = _encode_many(tokenizer, [i for (i, _), _ in items], room + 1)
+        inputs = _encode_many(tokenizer, [f"\n\n{x}" if x else "" for (_, x), _ in items], room)
+        rows = []
+        for (_, output), ins, inp, ans in zip(items, instr, inputs, answers[part]):
+            if len(ans) > cap:
+                refused["answer"] += 1
+            elif len(ins) > room:
+                refused["instruction"] += 1
+            else:
+                rows.append((tuple(prefix + ins + inp[:room - len(ins)] + suffix), -1, tuple(ans), output))
+        out[part] = rows
+    if any(refused.values()):
+        print(f"qft: note: left out {refused['answer']} instruction examples whose answer is over data.max_length // 2 = "
+              f"{cap} tokens and {refused['instruction']} whose instruction alone is over the {room}-token text budget",
+              file=sys.stderr)
+    return out
+
+
+def _check_room(cfg, frame: int, longest: int, room: int) -> None:
+    if room < cfg.min_text_tokens:
+        raise QftError("data.max_length", cfg.max_length,
+                       f"the prompt frame takes {frame} tokens and the longest answer {longest}; needs at least "
+                       f"{frame + longest + cfg.min_text_tokens} to leave data.min_text_tokens={cfg.min_text_tokens} "
+                       f"for the text")
+
+
+def prepare(cfg, tokenizer, cache_dir: str | Path) -> Task:
+    """Load, frame, tokenize and split; read from the on-disk cache when the same content was seen before."""
+    raw = SOURCES[cfg.source](cfg)
+    classification = cfg.task == "classification"
+    labels, label_words, label_tokens = _label_words(cfg, raw, tokenizer) if classification else ([], [], [])
     instruction = cfg.instruction.format(labels=", ".join(label_words)) if cfg.instruction else None
     before, after = _template(tokenizer, instruction)
-    raw_text = json.dumps({k: v for k, v in splits.items()}, sort_keys=True)
-    key_src = json.dumps({"data": hashlib.sha256(raw_text.encode()).hexdigest(), "tok": _tokenizer_fingerprint(tokenizer),
-                          "before": before, "after": after, "words": label_words, "max_length": cfg.max_length,
-                          "task": cfg.task, "v": 1})
-    key = hashlib.sha256(key_src.encode()).hexdigest()[:20]
-    label_tokens = [_encode(tokenizer, w) for w in label_words]
-    if classification and any(not t for t in label_tokens):
-        raise QftError("data.label_words", label_words, "every label word must tokenize to at least one token")
-
     prefix, suffix = _encode(tokenizer, before), _encode(tokenizer, after)
     if tokenizer.bos_token_id is not None and getattr(tokenizer, "add_bos_token", False) and not tokenizer.chat_template:
         prefix = [tokenizer.bos_token_id] + prefix
-    longest_answer = max(map(len, label_tokens)) if classification else 1
-    room = cfg.max_length - len(prefix) - len(suffix) - longest_answer
-    if room < cfg.min_text_tokens:
-        raise QftError("data.max_length", cfg.max_length,
-                       f"the prompt frame takes {len(prefix) + len(suffix)} tokens and the longest answer {longest_answer}; "
-                       f"needs at least {len(prefix) + len(suffix) + longest_answer + cfg.min_text_tokens} to leave "
-                       f"data.min_text_tokens={cfg.min_text_tokens} for the text")
-
+    if classification:  # fail on a too-short max_length before any example is tokenized
+        _check_room(cfg, len(prefix) + len(suffix), max(map(len, label_tokens)),
+                    cfg.max_length - len(prefix) - len(suffix) - max(map(len, label_tokens)))
+    key_src = json.dumps({"raw": hashlib.sha256(json.dumps(raw, sort_keys=True).encode()).hexdigest(),
+                          "tok": _tokenizer_fingerprint(tokenizer), "before": before, "after": after,
+                          "words": label_words, "max_length": cfg.max_length, "task": cfg.task,
+                          "split": [cfg.split_seed, cfg.train_size, cfg.val_size, cfg.test_size,
+                                    cfg.get("stratify", "balanced")], "v": FORMAT})
+    key = hashlib.sha256(key_src.encode()).hexdigest()[:20]
     path = Path(os.path.expanduser(str(cache_dir))) / "data" / f"{cfg.source}-{key}.npz"
     cached = _load_cache(path)
     if cached is None:
-        cached = {}
-        for name, items in splits.items():
-            prompts, answers, idx = [], [], []
-            for text, lab in items:
-                if classification:
-                    answer = label_tokens[labels.index(lab)]
-                    idx.append(labels.index(lab))
-                else:
-                    answer = (_encode(tokenizer, lab) + [tokenizer.eos_token_id])[: cfg.max_length // 2]
-                    idx.append(-1)
-                budget = cfg.max_length - len(prefix) - len(suffix) - len(answer)
-                prompts.append(prefix + _encode(tokenizer, text)[:budget] + suffix)
-                answers.append(answer)
-            cached[name] = Split(prompts, answers, idx)
+        framed = _frame(cfg, raw, tokenizer, prefix, suffix, labels, label_tokens)
+        parts = split(framed, cfg, stratified=classification)
+        for name in SPLITS:
+            if not parts[name]:
+                raise QftError(f"data.{name}_size", cfg[f"{name}_size"],
+                               f"the {name} split is empty: the dataset has too few examples")
+        cached = {name: Split([list(p) for p, *_ in items], [list(a) for _, _, a, _ in items],
+                              [lab for _, lab, _, _ in items], [] if classification else [r for *_, r in items])
+                  for name, items in parts.items()}
         _save_cache(path, cached)
-    if not classification:
-        for name, items in splits.items():
-            cached[name].texts = [lab for _, lab in items]
     return Task(cfg.task, label_words, label_tokens, cached, key)
 
 
@@ -308,6 +393,7 @@ def _save_cache(path: Path, splits: dict[str, Split]) -> None:
         arrays[f"{name}.prompts"], arrays[f"{name}.prompt_offsets"] = _flat(s.prompts)
         arrays[f"{name}.answers"], arrays[f"{name}.answer_offsets"] = _flat(s.answers)
         arrays[f"{name}.labels"] = np.asarray(s.labels, dtype=np.int64)
+        arrays[f"{name}.texts"] = np.asarray(s.texts, dtype=np.str_)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".npz")
     with os.fdopen(fd, "wb") as f:
@@ -322,12 +408,14 @@ def _load_cache(path: Path) -> dict[str, Split] | None:
         z = np.load(path, allow_pickle=False)
     except Exception:
         return None  # a damaged cache is rebuilt
+    if not all(f"{name}.texts" in z.files for name in SPLITS):
+        return None
 
     def unflat(flat, off):
         return [flat[a:b].tolist() for a, b in zip(off[:-1], off[1:])]
     return {name: Split(unflat(z[f"{name}.prompts"], z[f"{name}.prompt_offsets"]),
                         unflat(z[f"{name}.answers"], z[f"{name}.answer_offsets"]),
-                        z[f"{name}.labels"].tolist()) for name in SPLITS}
+                        z[f"{name}.labels"].tolist(), z[f"{name}.texts"].tolist()) for name in SPLITS}
 
 
 def batch(seqs: list[list[int]], pad_id: int):

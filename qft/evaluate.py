@@ -12,6 +12,7 @@ from a local copy of the original CSVs, never from a hub.
 
 from __future__ import annotations
 
+import copy
 import csv
 import hashlib
 import importlib.util
@@ -22,6 +23,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from qft.data import Split, Task, batch
@@ -43,11 +45,13 @@ def label_scores(model, prompts: list[list[int]], label_tokens: list[list[int]],
             res = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
         first = torch.log_softmax(res.logits[:, -1].float(), -1)
         scores = torch.stack([first[:, t[0]] for t in label_tokens], 1)
-        cache = res.cache
         last = pos[:, -1:]
         for c, tokens in enumerate(label_tokens):
             if len(tokens) == 1:
                 continue
+            # each candidate extends its own copy of the prompt's cache: cropping it back fails on sliding-window
+            # layers (Gemma-3) once a prompt reaches the window
+            cache = copy.deepcopy(res.cache)
             ext = torch.tensor(tokens[:-1], device=dev).expand(ids.shape[0], -1)
             k = ext.shape[1]
             with autocast(dev, dtype):
@@ -55,7 +59,6 @@ def label_scores(model, prompts: list[list[int]], label_tokens: list[list[int]],
                           position_ids=last + 1 + torch.arange(k, device=dev), cache=cache, use_cache=True)
             lp = torch.log_softmax(r.logits.float(), -1)
             scores[:, c] += sum(lp[:, j, tokens[j + 1]] for j in range(k))
-            cache.crop(-k)  # drop this candidate's tokens, keep the prompt
         out.append(scores)
     model.train(was_training)
     return torch.cat(out)
@@ -80,13 +83,31 @@ def exact_match(model, split: Split, tokenizer, batch_size: int, dtype: torch.dt
     return hits
 
 
-def accuracy(model, task: Task, split_name: str, tokenizer, batch_size: int, dtype: torch.dtype) -> float:
+def example_ids(split: Split) -> np.ndarray:
+    """A stable id for each example: the first 16 hex digits of the sha256 of its prompt's token ids (with its index
+    in the split, it names the example across runs; two configurations agree on it iff they saw the same prompt)."""
+    return np.asarray([hashlib.sha256(np.asarray(p, dtype=np.int64).tobytes()).hexdigest()[:16] for p in split.prompts],
+                      dtype=np.str_)
+
+
+def score(model, task: Task, split_name: str, tokenizer, batch_size: int, dtype: torch.dtype) -> dict:
+    """Accuracy on a split and what each example got: id, gold label, every candidate's log-likelihood, the
+    prediction and whether it was right (instruction data: exact match only, gold -1)."""
     split = task.splits[split_name]
+    examples = {"index": np.arange(len(split.prompts), dtype=np.int64), "id": example_ids(split),
+                "gold": np.asarray(split.labels, dtype=np.int64)}
     if task.kind == "instruction":
-        hits = exact_match(model, split, tokenizer, batch_size, dtype)
-        return sum(hits) / len(hits)
-    scores = label_scores(model, split.prompts, task.label_tokens, tokenizer.pad_token_id, batch_size, dtype)
-    return (scores.argmax(1) == torch.tensor(split.labels, device=scores.device)).float().mean().item()
+        examples["correct"] = np.asarray(exact_match(model, split, tokenizer, batch_size, dtype), dtype=bool)
+    else:
+        scores = label_scores(model, split.prompts, task.label_tokens, tokenizer.pad_token_id, batch_size, dtype)
+        examples["loglik"] = scores.cpu().numpy().astype(np.float32)
+        examples["pred"] = scores.argmax(1).cpu().numpy().astype(np.int64)
+        examples["correct"] = examples["pred"] == examples["gold"]
+    return {"accuracy": float(examples["correct"].mean()), "examples": examples}
+
+
+def accuracy(model, task: Task, split_name: str, tokenizer, batch_size: int, dtype: torch.dtype) -> float:
+    return score(model, task, split_name, tokenizer, batch_size, dtype)["accuracy"]
 
 
 # --------------------------------------------------------------------------- benchmarks (the evaluate group)

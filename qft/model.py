@@ -79,6 +79,18 @@ def _file_hash(path: Path, cache_dir: Path) -> str:
     return h.hexdigest()
 
 
+def content_digest(path: Path, cache_dir: Path) -> str | None:
+    """sha256 of a file, or of a folder's files (relative names and contents); None where nothing is there."""
+    if path.is_file():
+        return _file_hash(path, cache_dir)
+    if not path.is_dir():
+        return None
+    h = hashlib.sha256()
+    for f in sorted(p for p in path.rglob("*") if p.is_file()):
+        h.update(f"{f.relative_to(path)}:{_file_hash(f, cache_dir)}\n".encode())
+    return h.hexdigest()
+
+
 def _atomic_write_text(path: Path, text: str) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
     with os.fdopen(fd, "w") as f:
@@ -182,8 +194,9 @@ def load(source: Source):
     from transformers import AutoModelForCausalLM
 
     if source.weights is None:
-        torch.manual_seed(source.seed)
-        model = AutoModelForCausalLM.from_config(source.config, dtype=torch.float32)
+        with torch.random.fork_rng(devices=[]):  # the base is model.seed's; the run's own seed stays for LoRA and dropout
+            torch.manual_seed(source.seed)
+            model = AutoModelForCausalLM.from_config(source.config, dtype=torch.float32)
     else:
         try:
             model = AutoModelForCausalLM.from_pretrained(source.weights, dtype=torch.float32,

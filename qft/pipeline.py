@@ -239,8 +239,8 @@ def stage_of(net, the_plan: Plan, rank: int, dtype, device, offloaded: bool, the
     return stage.to(device)
 
 
-def _global_clip(params, max_norm: float, group=None) -> None:
-    """clip_grad_norm_ over the parameters of every stage: the norm of one model, not of each piece."""
+def _global_clip(params, max_norm: float, group=None) -> float:
+    """clip_grad_norm_ over the parameters of every stage: the norm of one model, not of each piece; returns it."""
     import torch.distributed as dist
 
     grads = [p.grad for p in params if p.grad is not None]
@@ -253,6 +253,7 @@ def _global_clip(params, max_norm: float, group=None) -> None:
     if coef < 1:
         for g in grads:
             g.mul_(coef)
+    return total
 
 
 def train(net, task, cfg, the_plan: Plan, dtype, pad_id: int, seed: int, device: torch.device):

@@ -8,44 +8,93 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import importlib.util
 import json
 import os
 import platform
 import resource
+import subprocess
 import tempfile
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+import numpy as np
 from omegaconf import OmegaConf
 
+from qft import data, model
+
 RECORD = "result.json"
-SCHEMA = 1
-# keys that change how a run is executed, resumed, logged or swept, not what it computes (the speed and
-# memory switches are tested to give the same losses and gradients)
-_NOT_HASHED = {("train", "resume"), ("train", "stop_after_steps"), ("train", "host_allocator"), ("cache_dir",), ("sweep",), ("grid",), ("logger",),
-               ("quant", "cache_dequantized"), ("quant", "cache_quantized"), ("offload",),
+SCHEMA = 2
+# Keys that change how a run is executed, resumed, logged, evaluated along the way or swept, not what it computes
+# (the speed and memory switches are tested to give the same losses and gradients; the evaluation keys to give the
+# same loss curve and adapter).
+_NOT_HASHED = {("train", "resume"), ("train", "stop_after_steps"), ("train", "host_allocator"), ("train", "eval_every"),
+               ("train", "checkpoint_every"), ("train", "eval_batch_size"), ("train", "zero_shot"), ("experiment",),
+               ("cache_dir",), ("sweep",), ("grid",), ("logger",), ("quant", "cache_dequantized"),
+               ("quant", "cache_quantized"), ("offload",),
                ("budget", "bits_records")}  # read by python -m qft.budget only, never by a run
-# keys added after records existed, left out of the hash at the value that means the old behaviour, so those
-# records keep their hash (a sweep still skips them)
-_HASHED_UNLESS = {("adapter", "dropout_mask"): "torch"}
+# Settings applied in the order written, the later winning: their order is part of what a run computes.
+_ORDERED = (("adapter", "depth_groups"), ("quant", "depth_groups"))
 
 
 def resolved(cfg) -> dict:
     return OmegaConf.to_container(cfg, resolve=True)
 
 
-def config_hash(cfg, ignore: tuple = ()) -> str:
-    """sha256 of what a run computes; `ignore` drops more top-level keys (the report pools seeds so)."""
-    conf = copy.deepcopy(cfg) if isinstance(cfg, dict) else resolved(cfg)
+def inputs(cfg) -> dict:
+    """What a run reads besides its config, by content: the data-format version, a local data file, a local model
+    (file or folder) or the packaged GGUF, and the records a fitted budget solves its ranks from. Digests are
+    memoised by (path, size, mtime) in the cache, so a sweep reads each file once."""
+    cache = Path(os.path.expanduser(str(cfg.cache_dir)))
+    out = {"data_format": data.FORMAT}
+    if cfg.data.source == "local" and cfg.data.path:
+        out["data_file"] = model.content_digest(Path(os.path.expanduser(str(cfg.data.path))), cache)
+    if cfg.model.get("path"):
+        out["model_files"] = model.content_digest(Path(os.path.expanduser(str(cfg.model.path))), cache)
+    elif cfg.model.get("source") == "pypi_gguf":
+        spec = importlib.util.find_spec(cfg.model.package)
+        if spec is not None and spec.origin is not None:
+            out["model_files"] = model.content_digest(Path(spec.origin).parent / cfg.model.file, cache)
+    b = cfg.get("budget") or {}
+    if b.get("params") is not None and b.get("method") == "fitted" and b.get("records"):
+        folder = Path(os.path.expanduser(str(b.records)))
+        out["budget_records"] = hashlib.sha256("".join(
+            f"{p.relative_to(folder)}:{model.content_digest(p, cache)}\n" for p in sorted(folder.rglob(RECORD))
+        ).encode()).hexdigest() if folder.is_dir() else None
+    return out
+
+
+def config_hash(cfg, ignore: tuple = (), inputs_: dict | None = None) -> str:
+    """sha256 of what a run computes: its config less the keys that change only how it runs, with depth groups in
+    their order and 16.0 as 16, plus its `inputs` (computed for a live config; a record passes its own).
+    `ignore` drops more top-level keys (the report pools seeds so)."""
+    live = not isinstance(cfg, dict)
+    conf = resolved(cfg) if live else copy.deepcopy(cfg)
     for key in ignore:
         conf.pop(key, None)
     if (conf.get("budget") or {}).get("params") is None:
         conf.pop("budget", None)  # a budget that is off is no part of the config
-    for path in _NOT_HASHED | {p for p, old in _HASHED_UNLESS.items() if _get(conf, p) in (old, None)}:
+    for path in _NOT_HASHED:
         parent = _get(conf, path[:-1])
         if isinstance(parent, dict):
             parent.pop(path[-1], None)
-    return hashlib.sha256(json.dumps(conf, sort_keys=True).encode()).hexdigest()
+    for path in _ORDERED:
+        parent = _get(conf, path[:-1])
+        if isinstance(parent, dict) and isinstance(parent.get(path[-1]), dict):
+            parent[path[-1]] = [[k, v] for k, v in parent[path[-1]].items()]
+    conf["inputs"] = inputs_ if inputs_ is not None else (inputs(cfg) if live else {})
+    return hashlib.sha256(json.dumps(_numbers(conf), sort_keys=True).encode()).hexdigest()
+
+
+def _numbers(x):
+    """16.0 -> 16, so a value typed either way hashes alike."""
+    if isinstance(x, float) and x.is_integer():
+        return int(x)
+    if isinstance(x, dict):
+        return {k: _numbers(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_numbers(v) for v in x]
+    return x
 
 
 def _get(conf: dict, path: tuple):
@@ -54,14 +103,83 @@ def _get(conf: dict, path: tuple):
     return conf
 
 
-def versions() -> dict:
-    out = {"python": platform.python_version()}
-    for pkg in ("torch", "transformers", "peft", "bitsandbytes", "datasets", "hydra-core"):
+def versions_of(packages) -> dict:
+    out = {}
+    for pkg in packages:
         try:
             out[pkg] = version(pkg)
         except PackageNotFoundError:
             out[pkg] = None
     return out
+
+
+def versions() -> dict:
+    return {"python": platform.python_version(),
+            **versions_of(("torch", "transformers", "peft", "bitsandbytes", "datasets", "hydra-core"))}
+
+
+def execution(cfg) -> dict:
+    """What executed a run, outside its hash: qft's commit (and whether its code was edited), the CPU and its
+    kind, the thread count and the compute dtype. One comparison must not mix CPU kinds or compute dtypes."""
+    import torch
+
+    root = Path(__file__).resolve().parent.parent
+    commit = dirty = None
+    try:
+        git = ["git", "-C", str(root)]
+        commit = subprocess.run(git + ["rev-parse", "HEAD"], capture_output=True, text=True, timeout=10).stdout.strip() or None
+        if commit:
+            dirty = bool(subprocess.run(git + ["status", "--porcelain", "--untracked-files=no", "--", "qft", "conf"],
+                                        capture_output=True, text=True, timeout=10).stdout.strip())
+    except (OSError, subprocess.SubprocessError):
+        pass
+    cpu, flags = platform.processor() or platform.machine(), set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and cpu in (platform.processor(), platform.machine()):
+                cpu = line.split(":", 1)[1].strip()
+            elif line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    except OSError:
+        pass
+    kind = next((k for k in ("amx_bf16", "avx512_bf16", "avx512f", "avx2") if k in flags), platform.machine())
+    return {"qft_commit": commit, "qft_edited": dirty, "qft_version": versions_of(("qft",))["qft"], "cpu": cpu,
+            "cpu_kind": kind, "threads": torch.get_num_threads(), "compute_dtype": cfg.quant.compute_dtype,
+            "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
+
+
+EXAMPLES = "examples.npz"
+
+
+def write_examples(run_dir: Path, examples: dict, label_words: list) -> str | None:
+    """Per-example scores ("final.test" -> {index, id, gold, loglik, pred, correct}) beside the record, atomically,
+    as one npz (no pickle); returns its file name for the record."""
+    if not examples:
+        return None
+    arrays = {f"{phase}.{k}": v for phase, cols in examples.items() for k, v in cols.items()}
+    arrays["label_words"] = np.asarray(label_words, dtype=np.str_)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=run_dir, prefix=".tmp-", suffix=".npz")
+    with os.fdopen(fd, "wb") as f:
+        np.savez_compressed(f, **arrays)
+    os.replace(tmp, run_dir / EXAMPLES)
+    return EXAMPLES
+
+
+def read_examples(run_dir: Path, rec: dict | None = None) -> dict | None:
+    """{"final.test": {column: array}, ...} of a run, or None for records made before they were kept."""
+    rec = rec if rec is not None else read(run_dir)
+    name = (rec or {}).get("examples")
+    if not name or not (Path(run_dir) / name).is_file():
+        return None
+    with np.load(Path(run_dir) / name, allow_pickle=False) as z:
+        out: dict = {}
+        for key in z.files:
+            if "." in key:
+                phase, split, col = key.split(".", 2)
+                out.setdefault(f"{phase}.{split}", {})[col] = z[key]
+        return out
 
 
 def reset_peak_memory(device) -> None:

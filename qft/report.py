@@ -41,7 +41,7 @@ def row(rec: dict, path: Path) -> dict:
     final, zero = rec.get("final_accuracy") or {}, rec.get("zero_shot_accuracy") or {}
     r = {"run_dir": str(path.parent), "status": rec.get("status"), "error": rec.get("error"),
          "config_hash": rec.get("config_hash"), "seed": rec.get("seed"),
-         "config_key": config_hash(rec.get("config") or {}, ignore=("seed",)),
+         "config_key": config_hash(rec.get("config") or {}, ignore=("seed",), inputs_=rec.get("inputs") or {}),
          "experiment": (rec.get("config") or {}).get("experiment"),
          "params": params.get("total"), "params_attn": per_type.get("attn"), "params_mlp": per_type.get("mlp"),
          **{f"params_{t}": per_third.get(t) for t in THIRDS},

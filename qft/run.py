@@ -29,14 +29,16 @@ def run(cfg, run_dir: Path) -> dict:
     """
     started = time.time()
     _name_auto_dtype(cfg)
-    config_hash = record.config_hash(cfg)
+    inputs = record.inputs(cfg)
+    config_hash = record.config_hash(cfg, inputs_=inputs)
     previous = record.read(run_dir)
     if previous and previous.get("status") == "ok" and previous.get("config_hash") == config_hash \
             and not cfg.sweep.force:
         print(f"qft: {run_dir} already holds an ok record of this config; skipped (sweep.force=true reruns it)")
         return previous
     rec = {"schema": record.SCHEMA, "status": "running", "config": record.resolved(cfg),
-           "config_hash": config_hash, "seed": cfg.seed, "versions": record.versions()}
+           "config_hash": config_hash, "inputs": inputs, "seed": cfg.seed, "versions": record.versions(),
+           "execution": record.execution(cfg)}
     tracker = logger.Tracker()
     try:
         device = torch.device(config.validate(cfg))
@@ -119,9 +121,18 @@ def _train_and_score(cfg, run_dir: Path, config_hash: str, task, tokenizer, buil
     def acc(split: str) -> float:
         return evaluate.accuracy(net, task, split, tokenizer, cfg.train.eval_batch_size, dtype)
 
+    examples = {}  # per-example scores, "phase.split" -> arrays, written beside the record
+
+    def accuracies(phase: str) -> dict:
+        out = {}
+        for s in ("val", "test"):
+            scored = evaluate.score(net, task, s, tokenizer, cfg.train.eval_batch_size, dtype)
+            out[s], examples[f"{phase}.{s}"] = scored["accuracy"], scored["examples"]
+        return out
+
     adapted = built.params["total"] > 0
     lead = pipeline.world()[0] == 0  # in a pipeline, rank 0 holds the whole model and scores it
-    zero_shot = {s: acc(s) for s in ("val", "test")} if lead and (cfg.train.zero_shot or not adapted) else None
+    zero_shot = accuracies("zero_shot") if lead and (cfg.train.zero_shot or not adapted) else None
     measured = None  # per-stage memory of a pipeline run
     if stages:
         history, stage, measured = pipeline.train(net, task, cfg, stages, dtype, tokenizer.pad_token_id, cfg.seed,
@@ -155,7 +166,12 @@ def _train_and_score(cfg, run_dir: Path, config_hash: str, task, tokenizer, buil
     if not history.completed:
         out.update(status="incomplete", memory=record.peak_memory(device))
         return out
-    out["final_accuracy"] = {s: acc(s) for s in ("val", "test")} if adapted else zero_shot
+    if adapted:
+        out["final_accuracy"] = accuracies("final")
+    else:  # the untrained base is the result: its scores are the zero-shot ones
+        out["final_accuracy"] = zero_shot
+        examples.update({f"final.{s}": examples[f"zero_shot.{s}"] for s in ("val", "test")})
+    out["examples"] = record.write_examples(run_dir, examples, task.label_words)
     if adapted:
         net.save_pretrained(run_dir / "adapter", safe_serialization=True)
         shutil.rmtree(run_dir / "checkpoint", ignore_errors=True)  # the finished adapter supersedes it

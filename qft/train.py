@@ -148,6 +148,8 @@ def save_checkpoint(folder: Path, model, opt, sched, history: History, config_ha
     trainable = {n: p.detach().cpu().contiguous() for n, p in model.named_parameters() if p.requires_grad}
     state = opt.state_dict()
     tensors, scalars = {"rng.torch": torch.get_rng_state()}, {}
+    if torch.cuda.is_available():  # dropout on CUDA draws from the CUDA generators
+        tensors.update({f"rng.cuda.{i}": t for i, t in enumerate(torch.cuda.get_rng_state_all())})
     for i, st in state["state"].items():
         for k, v in st.items():
             if isinstance(v, torch.Tensor):
@@ -194,6 +196,9 @@ def load_checkpoint(folder: Path, model, opt, sched, config_hash: str, strict: b
     opt.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
     sched.load_state_dict(meta["scheduler"])
     torch.set_rng_state(tensors["rng.torch"])
+    cuda = [tensors[f"rng.cuda.{i}"] for i in range(len(tensors)) if f"rng.cuda.{i}" in tensors]
+    if cuda:
+        torch.cuda.set_rng_state_all(cuda)
     return History(**meta["history"])
 
 
@@ -205,8 +210,9 @@ def finish_step(history: History, params, opt, sched, mean: float, tokens: int, 
     clips by the norm across all stages): NaN check, clipping, AdamW and schedule step, history, progress."""
     if not math.isfinite(mean):
         raise FloatingPointError(f"loss is {mean} at step {history.step + 1}")
-    if max_grad_norm:
-        clip(params, max_grad_norm)
+    norm = float(clip(params, max_grad_norm or math.inf))  # an infinite bound measures the norm and scales nothing
+    if not math.isfinite(norm):
+        raise FloatingPointError(f"gradient norm is {norm} at step {history.step + 1} (the loss was {mean})")
     opt.step()
     sched.step()
     opt.zero_grad(set_to_none=True)
