@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from qft import budget, layers as L, model, record
+from qft import data, budget, layers as L, model, record
 from qft.errors import QftError
 from conftest import make_cfg
 
@@ -186,9 +186,14 @@ def test_bad_budget_methods_and_records_are_refused_naming_the_key(tmp_path):
         "qft.budget: error: budget.method='greedy': allowed: shares, uniform, fitted"]
 
 
-def test_the_new_budget_keys_leave_the_committed_records_hashes_alone():
+def test_committed_records_recompute_their_hash_and_older_data_formats_are_never_reused():
     recs = [json.loads(p.read_text()) for p in (ROOT / "results").rglob("result.json")]
-    assert recs and all(record.config_hash(r["config"]) == r["config_hash"] for r in recs if "config" in r)
+    recs = [r for r in recs if "config" in r]
+    assert recs and all(record.config_hash(r["config"], inputs_=r.get("inputs") or {}) == r["config_hash"]
+                        for r in recs if r.get("schema", 1) >= 2)
+    old = [r for r in recs if "inputs" not in r]  # made with data format 1, whose prompts told the label
+    fresh = {"data_format": data.FORMAT}
+    assert old and all(record.config_hash(r["config"], inputs_=fresh) != r["config_hash"] for r in old)
     assert record.config_hash(make_cfg()) == record.config_hash(make_cfg("budget.method=fitted", "budget.max_rank=4"))
 
 

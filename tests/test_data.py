@@ -1,6 +1,7 @@
 import json
 
 import pytest
+import torch
 
 from qft import data
 from qft.errors import QftError
@@ -38,15 +39,23 @@ def test_prompt_frames_text_and_answer_is_the_label_word(tokenizer):
     assert task.label_words == ["business", "entertainment", "politics", "sports", "tech"]
 
 
-def test_tokenized_data_is_cached_by_content(tokenizer, monkeypatch):
-    prepare(tokenizer, "data.train_size=21", "data.val_size=5", "data.test_size=5")
-    monkeypatch.setattr(data, "_save_cache", lambda *a: pytest.fail("rewrote the cache"))
-    # the label words and frame are tokenized before the cache lookup; allow that, forbid the examples
-    calls = []
-    monkeypatch.setattr(data, "_encode", lambda tok, text: calls.append(text) or tok(text, add_special_tokens=False)["input_ids"])
-    task, _ = prepare(tokenizer, "data.train_size=21", "data.val_size=5", "data.test_size=5")
-    assert len(calls) == len(task.label_words) + 2
-    assert len(task.splits["train"].prompts) == 21
+def test_tokenized_data_is_cached_by_content(tokenizer, monkeypatch, tmp_path):
+    f = tmp_path / "r.csv"
+    write_csv(f, [(f"review number {i}", "good" if i % 2 else "bad") for i in range(40)])
+    local = ["data=local", f"data.path={f}", "data.text_column=review", "data.label_column=stars",
+             "data.train_size=21", "data.val_size=5", "data.test_size=5"]
+    first, _ = prepare(tokenizer, *local)
+    saved = []
+    real_save = data._save_cache
+    monkeypatch.setattr(data, "_save_cache", lambda *a: saved.append(a[0]) or real_save(*a))
+    # the label words and frame are tokenized before the cache lookup; the examples only on a miss
+    calls, real_encode = [], data._encode_many
+    monkeypatch.setattr(data, "_encode_many", lambda tok, texts, keep: calls.append(texts) or real_encode(tok, texts, keep))
+    task, _ = prepare(tokenizer, *local)
+    assert not calls and not saved and task.splits["train"].prompts == first.splits["train"].prompts
+    write_csv(f, [(f"review number {i}", "good" if i % 3 else "bad") for i in range(40)])  # same texts, new labels
+    changed, _ = prepare(tokenizer, *local)
+    assert calls and len(saved) == 1 and changed.cache_key != first.cache_key
 
 
 def test_label_words_map_labels(tokenizer):
@@ -101,3 +110,84 @@ def test_max_length_too_short_for_the_prompt(tokenizer):
     with pytest.raises(QftError) as e:
         prepare(tokenizer, "data.max_length=30")
     assert e.value.key == "data.max_length" and "needs at least" in str(e.value)
+
+
+def test_prompt_length_and_padding_do_not_tell_the_label(tokenizer):
+    # label words of 1 to 4 tokens; every BBC article overfills the 64-token budget
+    task, cfg = prepare(tokenizer, "data.train_size=100", "data.val_size=25", "data.test_size=50",
+                        "+data.label_words={business:business and finance news,tech:technology}")
+    assert sorted(map(len, task.label_tokens)) != [len(task.label_tokens[0])] * 5  # the lengths do differ
+    longest = max(map(len, task.label_tokens))
+    for name, s in task.splits.items():
+        by_label = {}
+        for p, lab in zip(s.prompts, s.labels):
+            by_label.setdefault(lab, set()).add(len(p))
+        assert len(by_label) == 5
+        assert all(v == {cfg.data.max_length - longest} for v in by_label.values()), (name, by_label)
+        _, mask, pos = data.batch(s.prompts, tokenizer.pad_token_id)
+        assert mask.all() and torch.equal(pos[0], pos[-1])  # no pad, the same positions: nothing to read the label from
+
+
+def test_no_val_or_test_prompt_equals_a_training_prompt_as_the_model_sees_it(tokenizer):
+    # Reuters repeats wire stories whose first lines agree: distinct raw texts, one prompt once truncated
+    task, _ = prepare(tokenizer, "data=reuters_r8", "data.val_size=50", "data.test_size=200")
+    seen = {n: {tuple(p) for p in s.prompts} for n, s in task.splits.items()}
+    assert all(len(seen[n]) == len(task.splits[n].prompts) for n in seen)
+    assert not seen["train"] & seen["test"] and not seen["train"] & seen["val"] and not seen["val"] & seen["test"]
+
+
+def test_proportional_split_keeps_each_labels_share():
+    cfg = make_cfg("data=drug_reviews", "data.stratify=proportional", "data.test_size=200", "data.val_size=50")
+    raw = data.SOURCES["drug_reviews"](cfg.data)
+    parts = data.split(raw, cfg.data)
+    pool = data._unique(raw["test"])
+    share = {lab: sum(l == lab for _, l in pool) / len(pool) for lab in {l for _, l in pool}}
+    got = {lab: sum(l == lab for _, l in parts["test"]) for lab in share}
+    assert sum(got.values()) == 200
+    assert all(abs(got[lab] - 200 * share[lab]) < 1 for lab in share), (got, share)
+    balanced = data.split(raw, make_cfg("data=drug_reviews", "data.test_size=200", "data.val_size=50").data)
+    assert len({sum(l == lab for _, l in balanced["test"]) for lab in share}) < len(set(got.values())) + 1
+
+
+def alpaca(tmp_path, rows):
+    f = tmp_path / "a.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return f
+
+
+def test_instruction_data_is_split_at_random_by_the_split_seed(tokenizer, tmp_path):
+    f = alpaca(tmp_path, [{"instruction": f"Say the word number {i}.", "input": "", "output": f"w{i:03d}"}
+                          for i in range(120)])
+    sizes = ["data.train_size=60", "data.val_size=20", "data.test_size=20"]
+    tests = []
+    for seed in (0, 1):
+        task, _ = prepare(tokenizer, "data=alpaca", f"data.path={f}", f"data.split_seed={seed}", *sizes)
+        tests.append(task.splits["test"].texts)
+    assert tests[0] != tests[1]
+    assert tests[0] != sorted(tests[0]) and max(tests[0]) > min(task.splits["train"].texts)
+
+
+def test_instruction_prompts_keep_the_instruction_whole_and_fit_max_length(tokenizer, tmp_path, capfd):
+    long_input = " ".join(f"word{i}" for i in range(200))
+    rows = [{"instruction": f"Repeat the first word {i}.", "input": long_input, "output": f"word{i}"} for i in range(30)]
+    rows += [{"instruction": "Write an essay.", "input": "", "output": " ".join(["essay"] * 100)} for _ in range(3)]
+    rows += [{"instruction": "Do this: " + "very " * 80 + "long task.", "input": "x", "output": "ok"}]
+    f = alpaca(tmp_path, rows)
+    task, cfg = prepare(tokenizer, "data=alpaca", f"data.path={f}", "data.max_length=96", "data.train_size=20",
+                        "data.val_size=5", "data.test_size=5")
+    assert "left out 3 instruction examples" in capfd.readouterr().err  # the essays' answers are over 48 tokens
+    for s in task.splits.values():
+        for p, a, ref in zip(s.prompts, s.answers, s.texts):
+            assert len(p) + len(a) <= cfg.data.max_length and a[-1] == tokenizer.eos_token_id
+            assert tokenizer.decode(a[:-1]) == ref  # the answer whole, so exact match can hit it
+            text = tokenizer.decode(p)
+            assert f"Repeat the first word {ref[4:]}." in text and "<|im_start|>assistant" in text
+    n = sum(len(s.prompts) for s in task.splits.values())
+    assert n == 30  # 3 essays and the overlong instruction left out
+
+
+def test_label_words_must_differ(tokenizer):
+    with pytest.raises(QftError) as e:
+        prepare(tokenizer, "data.train_size=20", "data.val_size=5", "data.test_size=5",
+                "+data.label_words={business:news,tech:news}")
+    assert e.value.key == "data.label_words" and "business:news,tech:news" in str(e.value)

@@ -124,13 +124,9 @@ def test_fast_dropout_on_every_adapter_and_only_there():
     assert pf.keys() == pr.keys() and all(torch.equal(pf[k], pr[k]) for k in pf)
 
 
-def test_fast_dropout_mask_is_in_the_hash_and_torch_hashes_as_before():
+def test_fast_dropout_mask_is_in_the_hash():
     from conftest import make_cfg
-    from omegaconf import OmegaConf
     from qft import record
 
     fast, torch_mask = make_cfg("adapter.dropout_mask=fast"), make_cfg("adapter.dropout_mask=torch")
-    before = OmegaConf.to_container(torch_mask, resolve=True)
-    del before["adapter"]["dropout_mask"]  # a record made before the key existed
-    assert record.config_hash(torch_mask) == record.config_hash(before)
     assert record.config_hash(fast) != record.config_hash(torch_mask)

@@ -140,3 +140,78 @@ def test_nan_loss_is_recorded_as_failed(tmp_path, monkeypatch):
         run.run(make_cfg(*RUN), tmp_path)
     rec = record.read(tmp_path)
     assert rec["status"] == "failed" and "loss is nan at step 1" in rec["error"] and rec["traceback"]
+
+
+def test_non_finite_gradients_with_a_finite_loss_fail_the_run(tmp_path, monkeypatch):
+    import pytest
+
+    real = train.answer_loss
+
+    def poisoned(model, *args, **kw):
+        loss, n, tokens = real(model, *args, **kw)
+        p = next(p for p in model.parameters() if p.requires_grad)
+        return loss + 0.0 * torch.sqrt(p - p).sum(), n, tokens  # adds 0; d sqrt at 0 is inf: a nan gradient
+    monkeypatch.setattr(train, "answer_loss", poisoned)
+    with pytest.raises(FloatingPointError):
+        run.run(make_cfg(*RUN), tmp_path)
+    rec = record.read(tmp_path)
+    assert rec["status"] == "failed" and "gradient norm is nan at step 1" in rec["error"]
+
+
+def test_seed_changes_lora_init_but_not_a_random_base():
+    _, _, a = build("seed=0")
+    _, _, b = build("seed=1")
+    pa, pb = dict(a.model.named_parameters()), dict(b.model.named_parameters())
+    lora_a = [k for k in pa if "lora_A" in k]
+    assert lora_a and all(not torch.equal(pa[k], pb[k]) for k in lora_a)
+    base = [k for k in pa if "norm" in k or "embed" in k]
+    assert base and all(torch.equal(pa[k], pb[k]) for k in base)  # model.seed's base, the same for every run seed
+
+
+def test_checkpoint_keeps_the_cuda_generators(tmp_path, monkeypatch):
+    # no GPU here: stand-in generators show that their state is saved and restored with the rest
+    states = [torch.tensor([1, 2, 3], dtype=torch.uint8), torch.tensor([4, 5], dtype=torch.uint8)]
+    restored = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: states)
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", lambda s: restored.extend(s))
+    _, _, built = build()
+    params = [p for p in built.model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    train.save_checkpoint(tmp_path, built.model, opt, sched, train.History(step=1), "h")
+    assert train.load_checkpoint(tmp_path, built.model, opt, sched, "h") is not None
+    assert len(restored) == 2 and all(torch.equal(a, b) for a, b in zip(restored, states))
+
+
+def test_sliding_window_models_score_prompts_longer_than_the_window():
+    """Gemma-3 mixes sliding-window layers; cropping their cache back after a candidate word raised."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.for_model("gemma3_text", vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                               num_attention_heads=2, num_key_value_heads=1, head_dim=16, sliding_window=4,
+                               layer_types=["sliding_attention", "full_attention"], max_position_embeddings=64)
+    torch.manual_seed(0)
+    net = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
+    prompts = [list(range(10, 22)), list(range(30, 39))]  # both longer than the window of 4
+    labels = [[5], [6, 7, 8], [9, 10]]
+    got = evaluate.label_scores(net, prompts, labels, 0, 2, torch.float32)
+    for i, p in enumerate(prompts):
+        for c, word in enumerate(labels):
+            with torch.no_grad():
+                logits = net(input_ids=torch.tensor([p + word])).logits[0].float().log_softmax(-1)
+            want = sum(logits[len(p) - 1 + j, t] for j, t in enumerate(word))
+            assert abs(got[i, c].item() - want.item()) < 1e-4
+
+
+def test_record_keeps_per_example_scores_and_what_executed_it(tmp_path):
+    rec = run.run(make_cfg(*RUN), tmp_path)
+    ex = record.read_examples(tmp_path)
+    assert set(ex) == {"final.val", "final.test"}
+    test = ex["final.test"]
+    assert test["loglik"].shape == (15, len(rec["data"]["labels"]))
+    assert (test["pred"] == test["loglik"].argmax(1)).all() and (test["correct"] == (test["pred"] == test["gold"])).all()
+    assert abs(test["correct"].mean() - rec["final_accuracy"]["test"]) < 1e-12
+    assert len(set(test["id"])) == 15
+    e = rec["execution"]
+    assert e["threads"] == torch.get_num_threads() and e["compute_dtype"] in ("bf16", "fp32") and e["cpu_kind"]
