@@ -118,6 +118,22 @@ def versions() -> dict:
             **versions_of(("torch", "transformers", "peft", "bitsandbytes", "datasets", "hydra-core"))}
 
 
+def cpu_kind() -> tuple[str, str]:
+    """This machine's CPU model name and the kind that decides its fast compute dtype: amx_bf16, avx512_bf16,
+    avx512f or avx2 (the first of these flags it has), else the architecture."""
+    cpu, flags = platform.processor() or platform.machine(), set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and cpu in (platform.processor(), platform.machine()):
+                cpu = line.split(":", 1)[1].strip()
+            elif line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    except OSError:
+        pass
+    return cpu, next((k for k in ("amx_bf16", "avx512_bf16", "avx512f", "avx2") if k in flags), platform.machine())
+
+
 def execution(cfg) -> dict:
     """What executed a run, outside its hash: qft's commit (and whether its code was edited), the CPU and its
     kind, the thread count and the compute dtype. One comparison must not mix CPU kinds or compute dtypes."""
@@ -133,17 +149,7 @@ def execution(cfg) -> dict:
                                         capture_output=True, text=True, timeout=10).stdout.strip())
     except (OSError, subprocess.SubprocessError):
         pass
-    cpu, flags = platform.processor() or platform.machine(), set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and cpu in (platform.processor(), platform.machine()):
-                cpu = line.split(":", 1)[1].strip()
-            elif line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
-    except OSError:
-        pass
-    kind = next((k for k in ("amx_bf16", "avx512_bf16", "avx512f", "avx2") if k in flags), platform.machine())
+    cpu, kind = cpu_kind()
     return {"qft_commit": commit, "qft_edited": dirty, "qft_version": versions_of(("qft",))["qft"], "cpu": cpu,
             "cpu_kind": kind, "threads": torch.get_num_threads(), "compute_dtype": cfg.quant.compute_dtype,
             "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None}

@@ -1,0 +1,180 @@
+"""Seeds and test size a study needs, from pilot records: `python -m qft.power RECORDS... --delta 0.02`.
+
+From records with per-example scores it estimates, over every pair of trained configurations scored on the same
+seeds and examples, the crossed variance components of a paired difference (seed, example, residual; qft.stats),
+and prints for several test sizes the seeds needed to find a difference of delta and to show equivalence within the
+margin, each at 80% power after a Bonferroni share of alpha for the declared family (Holm is never less powerful),
+and the wall-clock hours that implies from the records' own run times on this CPU kind. From records without them it
+can only use the seed-to-seed spread at the records' test size, and says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from qft import record, stats
+from qft.errors import QftError
+
+SIZES = (200, 500, 1000, 2000)
+MAX_SEEDS = 100
+
+
+def runs(paths) -> list[tuple[Path, dict]]:
+    out = []
+    for p in map(Path, paths):
+        if not p.exists():
+            raise QftError("RECORDS", str(p), "a folder of result records (result.json) or one record")
+        files = [p] if p.is_file() else sorted(p.rglob(record.RECORD))
+        out += [(f.parent, r) for f in files if (r := record.read(f.parent)) and r.get("status") == "ok"]
+    if not out:
+        raise QftError("RECORDS", " ".join(map(str, paths)), "no ok result records there")
+    return out
+
+
+def scores(run_dir: Path, rec: dict, metric: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """(example ids, per-example score) of the final test evaluation: correctness or the gold label's log-likelihood."""
+    ex = record.read_examples(run_dir, rec)
+    if not ex or "final.test" not in ex:
+        return None
+    t = ex["final.test"]
+    if metric == "accuracy":
+        return t["id"], t["correct"].astype(float)
+    if "loglik" not in t:
+        return None
+    return t["id"], t["loglik"][np.arange(len(t["gold"])), t["gold"]]
+
+
+def by_config(recs, metric: str) -> dict:
+    """config key -> {seed: (ids, scores)} for trained configurations, and whether every one had per-example scores."""
+    out: dict = {}
+    for run_dir, rec in recs:
+        if not (rec.get("trainable_params") or {}).get("total"):
+            continue  # an untrained cell has no seed noise: it would shrink the seed component
+        key = record.config_hash(rec["config"], ignore=("seed",), inputs_=rec.get("inputs") or {})
+        out.setdefault(key, {})[rec["seed"]] = scores(run_dir, rec, metric) or (None, float(rec["final_accuracy"]["test"]))
+    return out
+
+
+def components(configs: dict) -> tuple[dict, int, int] | None:
+    """Pooled crossed variance components over every pair of configurations sharing seeds and examples."""
+    pooled, weight, shape = {"seed": 0.0, "example": 0.0, "residual": 0.0}, 0.0, None
+    for a, b in itertools.combinations(configs.values(), 2):
+        seeds = sorted(set(a) & set(b))
+        if len(seeds) < 2 or any(a[s][0] is None or b[s][0] is None for s in seeds):
+            continue
+        ids = a[seeds[0]][0]
+        if any(not np.array_equal(x[s][0], ids) for x in (a, b) for s in seeds):
+            continue
+        d = np.stack([a[s][1] - b[s][1] for s in seeds])
+        _, _, _, comp = stats.crossed(d)
+        w = (len(seeds) - 1) * (len(ids) - 1)
+        for k in pooled:
+            pooled[k] += w * comp[k]
+        weight += w
+        shape = (len(seeds), len(ids))
+    if not weight:
+        return None
+    return {k: v / weight for k, v in pooled.items()}, shape[0], shape[1]
+
+
+def seeds_needed(comp: dict, examples: int, want, alpha: float) -> int | None:
+    for s in range(2, MAX_SEEDS + 1):
+        se, df = stats.design_se(comp, s, examples), stats.design_df(comp, s, examples)
+        if want(se, df, alpha) >= 0.8:
+            return s
+    return None
+
+
+def hours_per_run(recs, cpu_kind: str | None) -> tuple[float | None, float | None, str]:
+    """Seconds of one run's training and of scoring one example, from records made on this CPU kind."""
+    same = [r for _, r in recs if (r.get("execution") or {}).get("cpu_kind") == cpu_kind]
+    note = f"from {len(same)} records made on this CPU kind ({cpu_kind})"
+    if not same:
+        same, note = [r for _, r in recs], f"from records made on another CPU kind than this one ({cpu_kind}): rough"
+    train_s = np.mean([r.get("train_seconds") or 0 for r in same])
+    rest = [(r.get("wall_seconds") or 0) - (r.get("train_seconds") or 0) for r in same]
+    scored = [sum((r.get("data") or {}).get("sizes", {}).get(s, 0) for s in ("val", "test")) or 1 for r in same]
+    per_example = float(np.mean([x / n for x, n in zip(rest, scored)]))
+    return float(train_s), per_example, note
+
+
+def plan(paths, delta: float, margin: float, alpha: float, family: int, cells: int | None, metric: str,
+         sizes=SIZES) -> str:
+    recs = runs(paths)
+    configs = by_config(recs, metric)
+    cells = cells or max(len(configs), 1)
+    a = alpha / max(family, 1)
+    kind = record.cpu_kind()[1]
+    train_s, per_ex, note = hours_per_run(recs, kind)
+    val = int(np.median([(r.get("data") or {}).get("sizes", {}).get("val", 0) for _, r in recs]))
+    lines = [f"qft.power: {len(recs)} ok records, {len(configs)} trained configurations; metric {metric}; "
+             f"delta {delta:g}, equivalence margin ±{margin:g}, alpha {alpha:g} over a family of {family} "
+             f"(planned at {a:.3g} each), 80% power; {cells} cells"]
+    comp = components(configs)
+    if comp is None:
+        acc = [[v[1] for v in c.values()] for c in configs.values() if len(c) >= 2]
+        if not acc:
+            raise QftError("RECORDS", " ".join(map(str, paths)), "needs at least two seeds of one configuration")
+        sd = math.sqrt(np.mean([np.var(x, ddof=1) for x in acc]))
+        n_test = int(np.median([(r.get("data") or {}).get("sizes", {}).get("test", 0) for _, r in recs]))
+        lines.append(f"no per-example scores in these records (made before they were kept): the seed-to-seed SD of "
+                     f"test accuracy is {sd:.4f} at {n_test} test examples, and seed and example noise cannot be "
+                     f"told apart; the test size stays {n_test}.")
+        comp_w = {"seed": 2 * sd * sd, "example": 0.0, "residual": 0.0}  # unpaired: both sides' variance
+        sizes = (n_test,)
+        comp = comp_w
+    else:
+        comp, s0, n0 = comp
+        lines.append(f"paired variance components of a difference, from {s0} seeds x {n0} examples: seed "
+                     f"{comp['seed']:.3g}, example {comp['example']:.3g}, residual {comp['residual']:.3g} (per-run SE "
+                     f"at the pilot's size: {stats.design_se(comp, s0, n0):.4f})")
+    lines += ["", "| test examples | SE at 3 seeds | smallest difference 3 seeds find (80%) | seeds to find "
+              f"{delta:g} | seeds to show ±{margin:g} | hours (find) | hours (equivalence) |", "|---|---|---|---|---|---|---|"]
+    for n in sizes:
+        se3, df3 = stats.design_se(comp, 3, n), stats.design_df(comp, 3, n)
+        mdd = next((d / 1000 for d in range(1, 1001) if stats.power_difference(d / 1000, se3, df3, a) >= 0.8), None)
+        find = seeds_needed(comp, n, lambda se, df, al: stats.power_difference(delta, se, df, al), a)
+        equiv = seeds_needed(comp, n, lambda se, df, al: stats.power_equivalence(margin, se, df, al), a)
+
+        def hours(s):
+            return "-" if s is None else f"{cells * s * (train_s + per_ex * (n + val)) / 3600:.1f}"
+        lines.append(f"| {n} | {se3:.4f} | {'>1' if mdd is None else f'{mdd:.3f}'} | "
+                     f"{find or f'>{MAX_SEEDS}'} | {equiv or f'>{MAX_SEEDS}'} | {hours(find)} | {hours(equiv)} |")
+    lines += ["", f"Hours: cells x seeds x (training {train_s:.0f} s + scoring {per_ex:.2f} s an example), {note}; "
+                  "one run at a time on this machine."]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m qft.power", description=__doc__.split("\n\n")[0])
+    ap.add_argument("records", nargs="+", help="folders of pilot result records")
+    ap.add_argument("--delta", type=float, default=0.02, help="the difference to find (default 0.02)")
+    ap.add_argument("--margin", type=float, default=None, help="the equivalence margin (default: delta)")
+    ap.add_argument("--alpha", type=float, default=0.05)
+    ap.add_argument("--family", type=int, default=1, help="comparisons in the declared family (Bonferroni share)")
+    ap.add_argument("--cells", type=int, default=None, help="configurations the study runs (default: the records')")
+    ap.add_argument("--metric", choices=("accuracy", "loglik"), default="accuracy",
+                    help="per-example correctness, or the gold label's log-likelihood (continuous, more power)")
+    args = ap.parse_args(argv)
+    try:
+        for key, v in (("--delta", args.delta), ("--alpha", args.alpha)):
+            if not v > 0:
+                raise QftError(key, v, "a number > 0")
+        if args.family < 1:
+            raise QftError("--family", args.family, "an integer >= 1")
+        print(plan(args.records, args.delta, args.margin or args.delta, args.alpha, args.family, args.cells,
+                   args.metric))
+    except QftError as e:
+        print(f"qft.power: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""qft.stats against scipy, statsmodels and hand computation, and its intervals' coverage in simulated studies."""
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats as st
+
+from qft import stats
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_welch_uses_the_exact_satterthwaite_degrees_of_freedom():
+    a, b = [0.71, 0.74, 0.70], [0.66, 0.72, 0.61, 0.69]
+    va, vb = np.var(a, ddof=1) / 3, np.var(b, ddof=1) / 4
+    df = (va + vb) ** 2 / (va ** 2 / 2 + vb ** 2 / 3)  # by hand
+    c = stats.welch(a, b)
+    assert c.df == pytest.approx(df, rel=1e-12) and not float(c.df).is_integer()
+    ci = st.ttest_ind(a, b, equal_var=False).confidence_interval(0.95)
+    assert (c.low, c.high) == pytest.approx((ci.low, ci.high), rel=1e-12)
+    assert c.p == pytest.approx(st.ttest_ind(a, b, equal_var=False).pvalue, rel=1e-12)
+
+
+def test_holm_on_a_known_p_vector():
+    cs = [stats._finish(0.01, 0.01, 10, 0.02, "x", 3) for _ in range(4)]
+    for c, p in zip(cs, [0.01, 0.04, 0.03, 0.005]):
+        c.p = c.p_tost = p
+    stats.holm(cs)
+    assert [c.p_adj for c in cs] == pytest.approx([0.03, 0.06, 0.06, 0.02])  # 4p, 3p, 2p, 1p, kept monotone
+
+
+def test_one_seed_is_the_paired_t_test_and_its_tost_is_statsmodels():
+    from statsmodels.stats.weightstats import ttost_paired
+
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(0.5, 1, 60), rng.normal(0.45, 1, 60)
+    c = stats.paired(a, b, margin=0.3)
+    ref = st.ttest_rel(a, b)
+    assert c.p == pytest.approx(ref.pvalue, rel=1e-10) and c.df == 59
+    assert c.p_tost == pytest.approx(ttost_paired(a, b, -0.3, 0.3)[0], rel=1e-10)
+
+
+def test_crossed_mean_squares_equal_a_two_way_anova():
+    import pandas as pd
+    import statsmodels.formula.api as smf
+    from statsmodels.stats.anova import anova_lm
+
+    rng = np.random.default_rng(1)
+    d = rng.normal(0, 1, (3, 12)) + rng.normal(0, 0.5, (3, 1)) + rng.normal(0, 0.8, (1, 12))
+    frame = pd.DataFrame([(s, i, d[s, i]) for s in range(3) for i in range(12)], columns=["seed", "ex", "d"])
+    table = anova_lm(smf.ols("d ~ C(seed) + C(ex)", frame).fit())
+    ms = table["mean_sq"]
+    ms_s, ms_i, ms_e = ms["C(seed)"], ms["C(ex)"], ms["Residual"]
+    mean, se, df, comp = stats.crossed(d)
+    assert mean == pytest.approx(d.mean())
+    assert se == pytest.approx(math.sqrt((ms_s + ms_i - ms_e) / 36), rel=1e-10)
+    want_df = (ms_s + ms_i - ms_e) ** 2 / (ms_s ** 2 / 2 + ms_i ** 2 / 11 + ms_e ** 2 / 22)
+    assert df == pytest.approx(want_df, rel=1e-10)
+    assert comp["seed"] == pytest.approx((ms_s - ms_e) / 12) and comp["residual"] == pytest.approx(ms_e)
+
+
+def simulated_study(rng, seeds=3, examples=200, delta=0.03, binary=True):
+    """Two configurations on the same examples and seeds: example difficulty shared, example x configuration and
+    seed x configuration effects of their own; the population difference is exactly delta."""
+    if binary:
+        q = rng.uniform(0.25, 0.75, examples)
+        b = rng.uniform(-0.15, 0.15, examples)
+        u = rng.normal(0, 0.02, (2, seeds, 1))
+        pa, pb = q + delta / 2 + b / 2 + u[0], q - delta / 2 - b / 2 + u[1]
+        return rng.random((seeds, examples)) < pa, rng.random((seeds, examples)) < pb
+    q = rng.normal(-1.0, 1.0, examples)  # the gold label's log-likelihood
+    b = rng.normal(0, 0.3, examples)
+    u = rng.normal(0, 0.05, (2, seeds, 1))
+    noise = rng.normal(0, 0.4, (2, seeds, examples))
+    return q + delta / 2 + b / 2 + u[0] + noise[0], q - delta / 2 - b / 2 + u[1] + noise[1]
+
+
+@pytest.mark.parametrize("binary,delta", [(True, 0.03), (True, 0.0), (False, 0.05)])
+def test_paired_intervals_cover_a_known_effect(binary, delta):
+    rng = np.random.default_rng(7)
+    hits = 0
+    for _ in range(1000):
+        a, b = simulated_study(rng, delta=delta, binary=binary)
+        c = stats.paired(a, b)
+        hits += c.low <= delta <= c.high
+    assert 0.93 <= hits / 1000 <= 0.97, hits
+
+
+def test_three_verdicts():
+    assert stats.paired(np.r_[np.ones(150), np.zeros(50)], np.r_[np.ones(100), np.zeros(100)]).verdict == "differs"
+    same = np.tile(np.r_[np.ones(500), np.zeros(500)], (3, 1))
+    flip = same.copy()
+    flip[:, :5] = 0
+    flip[:, 500:505] = 1  # 10 of 1,000 examples disagree, no net difference
+    assert stats.paired(same, flip, margin=0.02).verdict == "equivalent"
+    a, b = np.r_[np.ones(20), np.zeros(20)], np.r_[np.ones(10), np.zeros(10), np.ones(10), np.zeros(10)]
+    assert stats.paired(a, b, margin=0.02).verdict == "inconclusive"  # no net difference, half the examples disagree
+    assert "equivalent within ±0.02" in stats.describe(stats.paired(same, flip, margin=0.02))
+
+
+def test_power_is_statsmodels_one_sample_power_and_alpha_at_no_effect():
+    from statsmodels.stats.power import TTestPower
+
+    sd, n = 0.05, 30
+    got = stats.power_difference(0.02, sd / math.sqrt(n), n - 1, 0.05)
+    assert got == pytest.approx(TTestPower().power(effect_size=0.02 / sd, nobs=n, alpha=0.05), rel=1e-6)
+    assert stats.power_difference(0.0, 0.01, 20, 0.05) == pytest.approx(0.05, rel=1e-9)
+    assert stats.power_equivalence(0.02, 0.001, 100, 0.05) > 0.999 and stats.power_equivalence(0.02, 0.05, 5, 0.05) == 0
+
+
+def test_power_cli_on_records_without_per_example_scores():
+    res = subprocess.run([sys.executable, "-m", "qft.power", "results/rank_sweep/runs", "--delta", "0.02"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "no per-example scores" in res.stdout and "| 200 |" in res.stdout
+    bad = subprocess.run([sys.executable, "-m", "qft.power", "/no/such/folder"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
+        "qft.power: error: RECORDS='/no/such/folder': a folder of result records (result.json) or one record"]
