@@ -33,6 +33,9 @@ _NOT_HASHED = {("train", "resume"), ("train", "stop_after_steps"), ("train", "ho
                ("cache_dir",), ("sweep",), ("grid",), ("logger",), ("quant", "cache_dequantized"),
                ("quant", "cache_quantized"), ("offload",),
                ("budget", "bits_records")}  # read by python -m qft.budget only, never by a run
+# Keys added after records existed, at the value that meant the behaviour before them: a record's config that
+# lacks one is hashed with it, so the report still pools such records with newer ones of the same computation.
+_THEN = {("adapter", "dropout_mask"): "torch"}
 # Settings applied in the order written, the later winning: their order is part of what a run computes.
 _ORDERED = (("adapter", "depth_groups"), ("quant", "depth_groups"))
 
@@ -72,6 +75,10 @@ def config_hash(cfg, ignore: tuple = (), inputs_: dict | None = None) -> str:
     conf = resolved(cfg) if live else copy.deepcopy(cfg)
     for key in ignore:
         conf.pop(key, None)
+    for path, then in _THEN.items():
+        parent = _get(conf, path[:-1])
+        if isinstance(parent, dict):
+            parent.setdefault(path[-1], then)
     if (conf.get("budget") or {}).get("params") is None:
         conf.pop("budget", None)  # a budget that is off is no part of the config
     for path in _NOT_HASHED:

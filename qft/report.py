@@ -20,12 +20,16 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from qft.record import RECORD, config_hash, flatten
+import numpy as np
+
+from qft import stats
+from qft.record import RECORD, config_hash, flatten, read_examples
 
 if TYPE_CHECKING:
     import pandas as pd
 
 THIRDS = ("shallow", "middle", "deep")
+MARGIN = 0.02  # the default equivalence margin, in accuracy
 THIRD_ALPHAS = tuple(f"{t}_alpha" for t in THIRDS)
 # the config keys a layer-sensitivity study varies, and their short column names
 AXES = {"adapter.attn.r": "attn_r", "adapter.mlp.r": "mlp_r", "adapter.attn.alpha": "attn_alpha",
@@ -48,7 +52,9 @@ def row(rec: dict, path: Path) -> dict:
          "adapted": "+".join(t for t in ("attn", "mlp") if per_type.get(t)) or "none",
          "acc_test": final.get("test"), "acc_val": final.get("val"), "zero_shot_test": zero.get("test"),
          "tokens_per_s": rec.get("train_tokens_per_second"), "peak_rss_bytes": (rec.get("memory") or {}).get("peak_rss_bytes"),
-         "wall_seconds": rec.get("wall_seconds"), "base_bytes": (rec.get("base_bytes") or {}).get("total")}
+         "wall_seconds": rec.get("wall_seconds"), "base_bytes": (rec.get("base_bytes") or {}).get("total"),
+         "cpu_kind": (rec.get("execution") or {}).get("cpu_kind"), "qft_commit": (rec.get("execution") or {}).get("qft_commit"),
+         "has_examples": bool(rec.get("examples")) and (path.parent / rec["examples"]).is_file()}
     flat = flatten(rec.get("config") or {})
     for key, short in AXES.items():
         r[short] = flat.get(key)
@@ -75,9 +81,14 @@ def collect(paths) -> "pd.DataFrame":
     return pd.DataFrame(rows)
 
 
-def grouped(df, versus: dict | None = None, within: tuple = ()) -> "pd.DataFrame":
+def grouped(df, versus: dict | None = None, within: tuple = (), margin: float = MARGIN) -> "pd.DataFrame":
     """One row per configuration (the config hash without the seed), accuracy as mean, sd and 95% interval, and
-    its difference from the best configuration, or from the one matching `versus`, within each group of `within`."""
+    its comparison with the best configuration, or with the one matching `versus`, within each group of `within`.
+
+    An untrained configuration (no adapter) is one deterministic evaluation, shown once whatever its seed count.
+    Comparisons are paired over seeds and test examples where both sides kept per-example scores, Welch over seeds
+    otherwise; their p-values are Holm-adjusted across the table, which is exploratory (a study's declared
+    contrasts are in `contrasts`)."""
     ok = df[df.status == "ok"].copy()
     keep = ["params", "params_attn", "params_mlp", *[f"params_{t}" for t in THIRDS], "adapted",
             *[a for a in AXES.values() if ok[a].notna().any()]]
@@ -85,25 +96,118 @@ def grouped(df, versus: dict | None = None, within: tuple = ()) -> "pd.DataFrame
         if col not in ok:
             raise ValueError(f"column {col!r} is not in the records; allowed: {', '.join(keep)}")
     g = ok.groupby("config_key", sort=False)
-    out = g[keep].first().join(seed_stats(g))
-    out["ci95"] = [_t95(n) * sd / math.sqrt(n) if n > 1 else float("nan") for n, sd in zip(out.n_seeds, out.acc_sd)]
+    out = g[keep].first().join(stats.seed_summary(g))
+    untrained = out.params.fillna(0) == 0
+    out.loc[untrained, ["n_seeds", "acc_sd"]] = [1, 0.0]
+    out["ci95"] = [stats.t_quantile(n - 1) * sd / math.sqrt(n) if n > 1 else float("nan")
+                   for n, sd in zip(out.n_seeds, out.acc_sd)]
     out["tokens_per_s"] = g.tokens_per_s.mean()
-    out = out.sort_values([*within, "params", "acc_mean"]).reset_index(drop=True)
-    out["vs_best"], out["vs_best_ci95"], out["vs_ref"] = float("nan"), float("nan"), -1
+    out = out.sort_values([*within, "params", "acc_mean"]).reset_index()
+    out["vs_ref"], comparisons = -1, {}
     for _, part in (out.groupby(list(within), sort=False) if within else [(None, out)]):
         ref = reference(part, versus)
         for i in part.index:
-            out.loc[i, ["vs_best", "vs_best_ci95", "vs_ref"]] = (*compare(out, i, ref), ref) if ref is not None \
-                else (float("nan"), float("nan"), -1)
+            out.loc[i, "vs_ref"] = -1 if ref is None else ref
+            if ref is not None and i != ref:
+                comparisons[i] = compare_configs(ok, out.config_key[i], out.config_key[ref], margin)
+    stats.holm([c for c in comparisons.values() if c is not None])
+    for col in ("vs_diff", "vs_low", "vs_high", "vs_p_adj"):
+        out[col] = float("nan")
+    out["vs_verdict"], out["vs_method"] = "", ""
+    for i, c in comparisons.items():
+        if c is not None:
+            out.loc[i, ["vs_diff", "vs_low", "vs_high", "vs_p_adj"]] = [c.diff, c.low, c.high, c.p_adj]
+            out.loc[i, ["vs_verdict", "vs_method"]] = [c.verdict, c.method]
     return out
 
 
-def seed_stats(g) -> "pd.DataFrame":
-    """Test accuracy per group of a groupby over records: number of seeds, mean and standard deviation."""
-    import pandas as pd
+def _seed_rows(ok, key) -> dict:
+    """seed -> run_dir of one configuration's ok records; an untrained configuration as one evaluation."""
+    part = ok[ok.config_key == key]
+    rows = dict(zip(part.seed, part.run_dir))
+    return dict([next(iter(rows.items()))]) if part.params.fillna(0).eq(0).all() else rows
 
-    return pd.DataFrame({"n_seeds": g.acc_test.count(), "acc_mean": g.acc_test.mean(),
-                         "acc_sd": g.acc_test.std().fillna(0.0)})
+
+def compare_configs(ok, key_a, key_b, margin: float = MARGIN, metric: str = "accuracy") -> "stats.Comparison | None":
+    """Configuration a - b on test accuracy: paired over shared seeds and examples where both kept per-example
+    scores, else Welch over seeds (or one-sample against an untrained cell's one evaluation); None where neither
+    side has the seeds for an interval."""
+    a, b = _seed_rows(ok, key_a), _seed_rows(ok, key_b)
+    ea, eb = _examples(a, metric), _examples(b, metric)
+    if ea and eb:
+        seeds = sorted(set(ea) & set(eb)) if len(ea) > 1 and len(eb) > 1 else None
+        rows_a = [ea[s] for s in seeds] if seeds else list(ea.values())
+        rows_b = [eb[s] for s in seeds] if seeds else list(eb.values())
+        if rows_a and rows_b and all(np.array_equal(x[0], rows_a[0][0]) for x in rows_a + rows_b):
+            return stats.paired(np.stack([x[1] for x in rows_a]), np.stack([x[1] for x in rows_b]), margin)
+    acc = {k: ok.set_index("run_dir").acc_test[list(v.values())].to_numpy(float) for k, v in (("a", a), ("b", b))}
+    if len(acc["a"]) > 1 and len(acc["b"]) > 1:
+        return stats.welch(acc["a"], acc["b"], margin)
+    if len(acc["a"]) > 1 and len(acc["b"]) == 1:
+        return stats.versus_constant(acc["a"], acc["b"][0], margin)
+    if len(acc["b"]) > 1 and len(acc["a"]) == 1:
+        return stats.versus_constant(acc["b"], acc["a"][0], margin).negated()
+    return None
+
+
+def _examples(rows: dict, metric: str) -> dict | None:
+    """seed -> (example ids, per-example scores) of the final test evaluation, or None if any run lacks them."""
+    out = {}
+    for seed, run_dir in rows.items():
+        ex = read_examples(Path(run_dir))
+        t = (ex or {}).get("final.test")
+        if t is None:
+            return None
+        out[seed] = (t["id"], t["correct"].astype(float) if metric == "accuracy"
+                     else t["loglik"][np.arange(len(t["gold"])), t["gold"]])
+    return out
+
+
+def read_plan(path: Path) -> dict:
+    """A study's declared analysis (plan.yaml): metric, margin, alpha, the contrasts (cell a - cell b, each cell as
+    columns of the table) and the family the Holm adjustment covers (all the contrasts)."""
+    import yaml
+
+    try:
+        plan = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise ValueError(f"--plan={path}: not a readable YAML file ({type(e).__name__})") from e
+    contrasts = plan.get("contrasts")
+    if not isinstance(contrasts, list) or not contrasts or not all(
+            isinstance(c, dict) and {"name", "a", "b"} <= set(c) for c in contrasts):
+        raise ValueError(f"--plan={path}: contrasts must be a list of {{name, a, b}} with a and b as column: value maps")
+    if plan.get("metric", "accuracy") not in ("accuracy", "loglik"):
+        raise ValueError(f"--plan={path}: metric must be accuracy or loglik")
+    return {"metric": "accuracy", "margin": MARGIN, "alpha": 0.05, **plan}
+
+
+def contrasts(df, g, plan: dict) -> tuple[list[dict], str]:
+    """The declared contrasts with Holm across them, and their markdown table."""
+    ok = df[df.status == "ok"]
+    found, comps = [], []
+    for c in plan["contrasts"]:
+        keys = []
+        for side in ("a", "b"):
+            hit = g[[all(_equal(r.get(k), v) for k, v in c[side].items()) for _, r in g.iterrows()]]
+            keys.append(hit.config_key.iloc[0] if len(hit) == 1 else None)
+        comp = compare_configs(ok, *keys, plan["margin"], plan["metric"]) if None not in keys else None
+        found.append((c, comp))
+        if comp is not None:
+            comps.append(comp)
+    stats.holm(comps)
+    rows = [{"name": c["name"], **({} if comp is None else comp.as_dict())} for c, comp in found]
+    lines = [f"Declared contrasts ({plan['metric']}, margin ±{plan['margin']:g}, alpha {plan['alpha']:g}, Holm across "
+             f"the {len(comps)} that could be computed):", "",
+             "| contrast | a - b | 95% CI | p | Holm p | verdict | method | seeds | examples |", "|---|---|---|---|---|---|---|---|---|"]
+    for c, comp in found:
+        if comp is None:
+            lines.append(f"| {c['name']} | - | - | - | - | not computable: a cell has no records or no seeds for an "
+                         "interval | | | |")
+            continue
+        v = f"equivalent within ±{comp.margin:g}" if comp.verdict == "equivalent" else comp.verdict
+        lines.append(f"| {c['name']} | {comp.diff:+.4f} | [{comp.low:+.4f}, {comp.high:+.4f}] | {comp.p:.3g} | "
+                     f"{comp.p_adj:.3g} | {v} | {comp.method} | {comp.n_seeds} | {comp.n_examples or '-'} |")
+    return rows, "\n".join(lines) + "\n"
 
 
 def reference(part, versus: dict | None):
@@ -119,30 +223,6 @@ def _equal(a, b) -> bool:
         return float(a) == float(b)
     except (TypeError, ValueError):
         return str(a) == str(b)
-
-
-def compare(g, i, j) -> tuple[float, float]:
-    """Difference of configuration i's mean accuracy from j's, and the half-width of its 95% interval (Welch:
-    unequal variances, Welch-Satterthwaite degrees of freedom). A difference larger than the half-width is
-    larger than the seed-to-seed noise; with a single seed on either side there is no interval (nan)."""
-    a, b = g.loc[i], g.loc[j]
-    diff = a.acc_mean - b.acc_mean
-    if i == j:
-        return 0.0, 0.0
-    if a.n_seeds < 2 or b.n_seeds < 2:
-        return diff, float("nan")
-    va, vb = a.acc_sd ** 2 / a.n_seeds, b.acc_sd ** 2 / b.n_seeds
-    se = math.sqrt(va + vb)
-    if se == 0:
-        return diff, 0.0
-    dof = (va + vb) ** 2 / (va ** 2 / (a.n_seeds - 1) + vb ** 2 / (b.n_seeds - 1))
-    return diff, _t95(int(dof) + 1) * se
-
-
-def _t95(n: int) -> float:
-    """Two-sided 95% Student t quantile for n - 1 degrees of freedom."""
-    table = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
-    return table.get(n - 1, 1.96 + 2.5 / max(n - 1, 1))
 
 
 def pareto(g) -> "pd.DataFrame":
@@ -280,29 +360,58 @@ def _short(v) -> str:
     return f"{x / 1e3:,.0f}k" if x >= 1e4 else f"{x:g}"
 
 
-def markdown(g, df, versus: dict | None = None, within: tuple = ()) -> str:
+def _vs(r, versus) -> str:
+    if r.name == r.vs_ref:
+        return "reference" if versus else "best"
+    if r.vs_ref < 0 or not r.vs_verdict:
+        return ""
+    return f"{r.vs_diff:+.3f} [{r.vs_low:+.3f}, {r.vs_high:+.3f}] p_adj {r.vs_p_adj:.2g} {r.vs_verdict}"
+
+
+def markdown(g, df, versus: dict | None = None, within: tuple = (), margin: float = MARGIN) -> str:
     cols = ["adapted", *[c for c in AXES.values() if c in g.columns and g[c].nunique() > 1],
             *([f"params_{t}" for t in THIRDS] if _uneven_depth(g) else []), "params"]
     name = "vs " + (",".join(f"{k}={v}" for k, v in versus.items()) if versus else "best") \
         + (f" (per {', '.join(within)})" if within else "")
     lines = ["| " + " | ".join(cols + ["n", "test acc", "95% CI", name, "tokens/s"]) + " |",
              "|" + "---|" * (len(cols) + 5)]
-    for i, r in g.iterrows():
-        ci = "" if math.isnan(r.ci95) else f"±{r.ci95:.3f}"
-        vs = ("reference" if versus else "best") if i == r.vs_ref else "" if r.vs_ref < 0 else f"{r.vs_best:+.3f}" + (
-            "" if math.isnan(r.vs_best_ci95) else f" ±{r.vs_best_ci95:.3f}" + (" *" if abs(r.vs_best) > r.vs_best_ci95 else ""))
+    for _, r in g.iterrows():
+        ci = "one evaluation" if r.n_seeds == 1 and (r.params or 0) == 0 else "" if math.isnan(r.ci95) else f"±{r.ci95:.3f}"
         lines.append("| " + " | ".join(str(r[c]) if not isinstance(r[c], float) else f"{r[c]:g}" for c in cols)
-                     + f" | {r.n_seeds} | {r.acc_mean:.3f} | {ci} | {vs} | {r.tokens_per_s:.0f} |")
+                     + f" | {r.n_seeds} | {r.acc_mean:.3f} | {ci} | {_vs(r, versus)} | {r.tokens_per_s:.0f} |")
     failed = df[df.status != "ok"]
+    methods = sorted({m for m in g.vs_method if m})
+    n = int((g.vs_verdict != "").sum())
     head = (f"{len(df)} runs: {int((df.status == 'ok').sum())} ok, {len(failed)} not ok. Test accuracy: mean over seeds "
-            f"with its 95% t interval; {name}: difference from the {'reference' if versus else 'best'} configuration"
-            f"{' of its group' if within else ''} with the 95% Welch interval of the difference, * where it is larger "
-            "than the seed-to-seed noise")
+            f"with its 95% t interval (an untrained cell is one evaluation). **Exploratory**: {name} is the difference "
+            f"from the {'reference' if versus else 'best'} configuration{' of its group' if within else ''}, its 95% "
+            f"interval (unadjusted), its Holm-adjusted p across these {n} comparisons and a verdict (differs / "
+            f"equivalent within ±{margin:g} / inconclusive) from the adjusted tests ({', '.join(methods) or 'none'}; paired-crossed: per-example over seeds and examples, "
+            "welch: over seeds only, for records without per-example scores). A study's declared contrasts are in "
+            "contrasts.md.")
     tail = [f"- {r.run_dir}: {r.status} {r.error or ''}" for _, r in failed.iterrows()]
-    return "\n".join([head, "", *lines, *([""] + tail if tail else [])]) + "\n"
+    notes = _provenance(df[df.status == "ok"])
+    return "\n".join([head, "", *lines, *([""] + notes if notes else []), *([""] + tail if tail else [])]) + "\n"
 
 
-def report(paths, out: Path | None = None, versus: dict | None = None, within: tuple = ()) -> dict:
+def _provenance(ok) -> list[str]:
+    """What a reader must know before comparing: CPU kinds, commits, records without per-example scores."""
+    notes = []
+    kinds = sorted({str(k) for k in ok.get("cpu_kind", []) if k})
+    if len(kinds) > 1:
+        notes.append(f"- these records span CPU kinds: {', '.join(kinds)}")
+    commits = sorted({str(c)[:10] for c in ok.get("qft_commit", []) if c})
+    if len(commits) > 1:
+        notes.append(f"- these records span qft commits: {', '.join(commits)}")
+    missing = int((~ok.has_examples).sum()) if "has_examples" in ok else 0
+    if missing:
+        notes.append(f"- {missing} of {len(ok)} records keep no per-example scores (made before they were kept): "
+                     "their comparisons are Welch over seeds, not paired, and they carry no log-likelihood analysis")
+    return notes
+
+
+def report(paths, out: Path | None = None, versus: dict | None = None, within: tuple = (),
+           plan: Path | None = None) -> dict:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -310,6 +419,7 @@ def report(paths, out: Path | None = None, versus: dict | None = None, within: t
     if df.empty:
         raise ValueError(f"paths={', '.join(map(str, paths))}: no {RECORD} under them")
     experiment = next((e for e in df.experiment if e), None) or "report"
+    declared = read_plan(plan) if plan else None
     out = Path(out or Path("results") / experiment)
     out.mkdir(parents=True, exist_ok=True)
     df.to_csv(out / "runs.csv", index=False)
@@ -320,8 +430,14 @@ def report(paths, out: Path | None = None, versus: dict | None = None, within: t
         sub = df if source is None else df[df["cfg.data.source"] == source]
         where = out if len(datasets) <= 1 else out / source
         files.update({f"{source}/{k}" if len(datasets) > 1 else k: v
-                      for k, v in _summarise(sub, where, experiment, versus, within).items()})
+                      for k, v in _summarise(sub, where, experiment, versus, within, declared).items()})
     return files
+
+
+def pd_none():
+    import pandas as pd
+
+    return pd.Series(dtype=object)
 
 
 def _varies(g, column: str) -> bool:
@@ -334,13 +450,24 @@ def _uneven_depth(g) -> bool:
     return bool(len(thirds)) and bool((thirds.nunique(axis=1) > 1).any())
 
 
-def _summarise(df, out: Path, experiment: str, versus: dict | None = None, within: tuple = ()) -> dict:
+def _summarise(df, out: Path, experiment: str, versus: dict | None = None, within: tuple = (),
+               plan: dict | None = None) -> dict:
+    dtypes = sorted(set(df[df.status == "ok"].get("cfg.quant.compute_dtype", pd_none()).dropna()))
+    if len(dtypes) > 1:
+        raise ValueError(f"the records span compute dtypes {', '.join(dtypes)}: one comparison never mixes them; "
+                         "report each apart")
     out.mkdir(parents=True, exist_ok=True)
     files = {}
     g = grouped(df, versus, within)
     summary = markdown(g, df, versus, within)
     (out / "summary.md").write_text(summary)
     files["summary"] = out / "summary.md"
+    if plan is not None:
+        rows, text = contrasts(df, g, plan)
+        (out / "contrasts.md").write_text(text)
+        (out / "contrasts.json").write_text(json.dumps(rows, indent=1))
+        files["contrasts"] = out / "contrasts.md"
+        summary = text + "\n" + summary
     if not g.empty:
         title = f"{experiment}: {df['cfg.model.name'].iloc[0]}, {df['cfg.data.source'].iloc[0]}"
         files["accuracy_vs_params"] = plot_accuracy_vs_params(g, out, title)
@@ -365,6 +492,8 @@ def main(argv=None) -> int:
     ap.add_argument("--versus", default="", help="the reference configuration, as columns of the table: "
                     "attn_r=8,mlp_r=8 (default: the best configuration)")
     ap.add_argument("--within", default="", help="compare within groups of these columns: attn_bits,mlp_bits")
+    ap.add_argument("--plan", help="the study's declared analysis (plan.yaml: contrasts, margin, metric); its contrasts "
+                    "are printed first with Holm across them, the rest is exploratory")
     args = ap.parse_args(argv)
     try:
         versus = dict(kv.split("=", 1) for kv in args.versus.split(",") if kv) or None
@@ -376,7 +505,7 @@ def main(argv=None) -> int:
         print(f"qft.report: error: paths={missing}: no such file or folder", file=sys.stderr)
         return 2
     try:
-        files = report(args.paths, args.out, versus, tuple(c for c in args.within.split(",") if c))
+        files = report(args.paths, args.out, versus, tuple(c for c in args.within.split(",") if c), args.plan)
     except ValueError as e:
         print(f"qft.report: error: {e}", file=sys.stderr)
         return 2

@@ -47,6 +47,11 @@ class Comparison:
     def verdict(self) -> str:
         return verdict(self)
 
+    def negated(self) -> "Comparison":
+        """B - A from A - B."""
+        return Comparison(-self.diff, self.se, self.df, -self.high, -self.low, self.p, self.p_tost, self.margin,
+                          self.method, self.n_seeds, self.n_examples, self.p_adj, self.p_tost_adj)
+
     def as_dict(self) -> dict:
         return {**asdict(self), "verdict": self.verdict}
 
@@ -69,10 +74,7 @@ def welch(a, b, margin: float = 0.02) -> Comparison:
     a, b = np.asarray(a, float), np.asarray(b, float)
     if len(a) < 2 or len(b) < 2:
         raise ValueError("Welch needs at least two seeds a side")
-    res = st.ttest_ind(a, b, equal_var=False)
-    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
-    se = math.sqrt(va + vb)
-    return _finish(float(a.mean() - b.mean()), se, float(res.df), margin, "welch", min(len(a), len(b)))
+    return welch_from_summary(a.mean(), a.std(ddof=1), len(a), b.mean(), b.std(ddof=1), len(b), margin)
 
 
 def crossed(d: np.ndarray) -> tuple[float, float, float, dict]:
@@ -182,3 +184,37 @@ def power_equivalence(margin: float, se: float, df: float, alpha: float, true_di
     upper = st.nct.cdf(-q, df, (true_diff - margin) / se)  # P(reject diff >= +margin)
     lower = st.nct.sf(q, df, (true_diff + margin) / se)  # P(reject diff <= -margin)
     return float(max(0.0, upper + lower - 1))
+
+
+# --------------------------------------------------------------------------- seed-level summaries
+
+def t_quantile(df: float, level: float = 0.95) -> float:
+    """Two-sided Student t quantile (scipy) for `df` degrees of freedom."""
+    return float(st.t.ppf(0.5 + level / 2, df))
+
+
+def versus_constant(a, c: float, margin: float = 0.02) -> Comparison:
+    """Seeds of a trained configuration against one deterministic evaluation (an untrained cell): one-sample t."""
+    a = np.asarray(a, float)
+    if len(a) < 2:
+        raise ValueError("needs at least two seeds")
+    return _finish(float(a.mean() - c), float(a.std(ddof=1) / math.sqrt(len(a))), len(a) - 1, margin, "one-sample",
+                   len(a))
+
+
+def seed_summary(g) -> "pd.DataFrame":
+    """Test accuracy per group of a pandas groupby over records: number of seeds, mean and standard deviation."""
+    import pandas as pd
+
+    return pd.DataFrame({"n_seeds": g.acc_test.count(), "acc_mean": g.acc_test.mean(),
+                         "acc_sd": g.acc_test.std().fillna(0.0)})
+
+
+def welch_from_summary(mean_a, sd_a, n_a, mean_b, sd_b, n_b, margin: float = 0.02) -> Comparison:
+    """Welch from per-configuration means, SDs and seed counts (scipy's ttest_ind_from_stats)."""
+    va, vb = sd_a ** 2 / n_a, sd_b ** 2 / n_b
+    se = math.sqrt(va + vb)
+    if se == 0:
+        return _finish(float(mean_a - mean_b), 0.0, float(n_a + n_b - 2), margin, "welch", int(min(n_a, n_b)))
+    df = (va + vb) ** 2 / (va ** 2 / (n_a - 1) + vb ** 2 / (n_b - 1))
+    return _finish(float(mean_a - mean_b), se, df, margin, "welch", int(min(n_a, n_b)))
