@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from qft import layers as L
+from qft import layers as L, stats
 from qft.errors import QftError
 
 SPLITS = ("type", "depth")
@@ -183,9 +183,7 @@ class Fit:
         return np.sqrt(np.diag(self.cov))
 
     def t95(self) -> float:
-        from qft.report import _t95
-
-        return _t95(self.dof + 1)
+        return stats.t_quantile(self.dof)
 
     def predict(self, r_attn, r_mlp) -> tuple[float, float]:
         """Predicted mean test accuracy and the half-width of its 95% interval (the fit's uncertainty about
@@ -418,13 +416,14 @@ def propose(f: Fit, layers: list[L.Layer], params: float, tolerance: float, max_
 @dataclass
 class BitsProposal:
     """Accuracy per (attention bits, MLP bits) of the base over the adapters measured at every one of them, and
-    the cheapest setting the seed noise cannot tell from the best."""
+    the cheapest setting shown equivalent to the best within the margin."""
 
-    table: list[dict]      # per bits setting: attn, mlp, n, mean, sd, base_bytes, diff (vs best), ci
+    table: list[dict]      # per bits setting: attn, mlp, n, mean, sd, base_bytes, diff (vs best), low, high, verdict
     best: dict
     chosen: dict
     adapters: int          # adapter configurations pooled (those measured at every bits setting)
     data: str | None
+    margin: float = 0.02
 
     def describe(self) -> str:
         lines = [f"bits of the frozen base, from {sum(r['n'] for r in self.table)} ok records of {self.data} "
@@ -432,25 +431,24 @@ class BitsProposal:
                  "| attn bits | mlp bits | n | mean acc | base MB | vs best | |", "|---|---|---|---|---|---|---|"]
         for r in self.table:
             mark = "proposed" if r is self.chosen else ""
-            vs = "best" if r is self.best else f"{r['diff']:+.4f} ±{r['ci']:.4f}" + (" *" if abs(r["diff"]) > r["ci"] else "")
+            vs = "best" if r is self.best else f"{r['diff']:+.4f} [{r['low']:+.4f}, {r['high']:+.4f}] {r['verdict']}"
             lines.append(f"| {r['attn']} | {r['mlp']} | {r['n']} | {r['mean']:.4f} | {r['base_bytes'] / 1e6:,.1f} | "
                          f"{vs} | {mark} |")
         c, b = self.chosen, self.best
-        lines.append(f"proposed bits: attn {c['attn']}, mlp {c['mlp']}: the smallest base whose accuracy is within the "
-                     "seed noise of the best (95% Welch)" + ("" if c is b else f"; {b['base_bytes'] / c['base_bytes']:.2f}x "
+        lines.append(f"proposed bits: attn {c['attn']}, mlp {c['mlp']}: the smallest base shown equivalent to the best "
+                     f"within ±{self.margin:g} accuracy (TOST on Welch over records, 5%)" + ("" if c is b else f"; {b['base_bytes'] / c['base_bytes']:.2f}x "
                      f"smaller than the best-measured setting (attn {b['attn']}, mlp {b['mlp']})"))
         return "\n".join(lines)
 
 
-def propose_bits(df, data: str | None = None) -> BitsProposal:
-    """The fewest bits per layer type that cost no measurable accuracy, from a bits sweep's records.
+def propose_bits(df, data: str | None = None, margin: float = 0.02) -> BitsProposal:
+    """The fewest bits per layer type shown to cost less than `margin` accuracy, from a bits sweep's records.
 
     Why pooled over adapters: each bits setting is compared on the same adapter configurations (those measured
     at every setting), so the adapters' own effect cancels and every seed of every adapter is a sample of the
-    setting; a setting is proposed over the best one only while the Welch interval of their difference holds 0,
-    and among those the one whose frozen base is smallest wins (the point of fewer bits is memory)."""
-    from qft.report import compare, seed_stats
-
+    setting; a setting is proposed over the best one only where equivalence within the margin is shown (TOST on
+    Welch: "no difference seen" is not enough), and among those the one whose frozen base is smallest wins (the
+    point of fewer bits is memory)."""
     if df is None or len(df) == 0 or "status" not in df:
         raise QftError("budget.bits_records", None, "no result record")
     ok = df[(df.status == "ok") & df.acc_test.notna() & df.attn_bits.notna() & df.mlp_bits.notna()]
@@ -464,16 +462,21 @@ def propose_bits(df, data: str | None = None) -> BitsProposal:
         raise QftError("budget.bits_records", f"{len(settings)} bits settings",
                        "records of at least two bits settings on a common adapter configuration are needed")
     g = bits.groupby("_b")
-    t = seed_stats(g).assign(base_bytes=g.base_bytes.mean()).reset_index()
+    t = stats.seed_summary(g).assign(base_bytes=g.base_bytes.mean()).reset_index()
     if (t.n_seeds < 2).any():
         raise QftError("budget.bits_records", "one record", "every bits setting needs two records or more for its noise")
     j = t.acc_mean.idxmax()
-    table = [{"attn": a, "mlp": m, "n": int(r.n_seeds), "mean": r.acc_mean, "sd": r.acc_sd, "base_bytes": r.base_bytes,
-              "is_best": i == j, **dict(zip(("diff", "ci"), compare(t, i, j)))} for i, r in t.iterrows() for a, m in [r._b]]
+    ref = t.loc[j]
+    table = []
+    for i, r in t.iterrows():
+        c = stats.welch_from_summary(r.acc_mean, r.acc_sd, r.n_seeds, ref.acc_mean, ref.acc_sd, ref.n_seeds, margin)
+        table.append({"attn": r._b[0], "mlp": r._b[1], "n": int(r.n_seeds), "mean": r.acc_mean, "sd": r.acc_sd,
+                      "base_bytes": r.base_bytes, "is_best": i == j, "diff": 0.0 if i == j else c.diff,
+                      "low": c.low, "high": c.high, "verdict": "best" if i == j else c.verdict})
     table.sort(key=lambda r: r["base_bytes"])
     best = next(r for r in table if r["is_best"])
-    chosen = next(r for r in table if r["diff"] >= 0 or abs(r["diff"]) <= r["ci"])
-    return BitsProposal(table=table, best=best, chosen=chosen, adapters=len(common), data=data)
+    chosen = next(r for r in table if r["is_best"] or r["verdict"] == "equivalent")
+    return BitsProposal(table=table, best=best, chosen=chosen, adapters=len(common), data=data, margin=margin)
 
 
 def bits_records(cfg) -> BitsProposal:

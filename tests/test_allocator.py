@@ -234,7 +234,8 @@ def test_bits_proposal_is_the_smallest_base_within_the_noise_of_the_best():
     assert (p.best["attn"], p.chosen["attn"]) == (16, 8) and p.adapters == 2
     # 4-bit: 0.105 below the best with sd 0.011 over 6 records each: far beyond the noise
     four = p.table[0]
-    assert four["diff"] == pytest.approx(-0.105) and abs(four["diff"]) > four["ci"]
+    assert four["diff"] == pytest.approx(-0.105) and four["verdict"] == "differs"
+    assert p.table[1]["verdict"] == "equivalent"  # 8-bit: -0.005, shown within ±0.02 (TOST), not merely "no star"
     assert "proposed bits: attn 8, mlp 8" in p.describe() and "2.00x smaller" in p.describe()
     p = budget.propose_bits(bits_records({(4, 4): 0.795, (8, 8): 0.80}))
     assert (p.chosen["attn"], p.chosen["mlp"]) == (4, 4)

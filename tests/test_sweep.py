@@ -132,7 +132,8 @@ def test_report_table_and_plots(tmp_path):
     assert sorted(df.params.unique()) == [0, 7168, 10752, 17920]
     assert len(pd.read_parquet(files["parquet"])) == 8
     summary = files["summary"].read_text()
-    assert summary.startswith("8 runs: 8 ok") and summary.count("| 2 |") == 4  # 4 configs, 2 seeds each
+    assert summary.startswith("8 runs: 8 ok") and summary.count("| 2 |") == 3  # 3 trained configs, 2 seeds each
+    assert summary.count("| 1 | ") == 1 and "one evaluation" in summary  # the untrained cell: deterministic, once
     for name in ("accuracy_vs_params", "rank_heatmap"):
         assert files[name].stat().st_size > 10_000 and files[name].read_bytes()[:4] == b"\x89PNG"
 
@@ -181,15 +182,18 @@ def test_report_splits_datasets_and_says_which_differences_beat_the_noise(tmp_pa
     bbc, reuters = (files[f"{s}/summary"].read_text() for s in ("bbc", "reuters"))
     assert files["bbc/summary"] == tmp_path / "out" / "bbc" / "summary.md"
     assert bbc.startswith("6 runs: 6 ok") and reuters.startswith("6 runs: 6 ok")  # never pooled across datasets
-    # bbc: 0.82 vs 0.91, sd 0.02 and 0.01 over 3 seeds: Welch dof 2.94 -> t(2) 4.303 * sqrt(.02^2/3 + .01^2/3)
-    half = 4.303 * math.sqrt(0.02 ** 2 / 3 + 0.01 ** 2 / 3)
-    assert f"| 0.820 | ±{4.303 * 0.02 / math.sqrt(3):.3f} | -0.090 ±{half:.3f} * |" in bbc
+    # bbc: 0.82 vs 0.91, sd 0.02 and 0.01 over 3 seeds: Welch with its exact 2.94 degrees of freedom (scipy)
+    from scipy import stats as st
+
+    welch = st.ttest_ind(accs[("bbc", 2, 2)], accs[("bbc", 8, 8)], equal_var=False)
+    ci = welch.confidence_interval(0.95)
+    assert f"| 0.820 | ±{st.t.ppf(0.975, 2) * 0.02 / math.sqrt(3):.3f} | -0.090 [{ci.low:+.3f}, {ci.high:+.3f}] " \
+           f"p_adj {welch.pvalue:.2g} differs |" in bbc
     assert "| 0.910 |" in bbc and "| best |" in bbc
-    # reuters: 0.70 vs 0.70 with wide spreads: no star
-    assert "*" not in reuters.split("\n", 2)[2]
+    # reuters: 0.70 vs 0.70 with wide spreads: neither a difference nor equivalence within 0.02
+    assert "inconclusive" in reuters and "differs" not in reuters.split("\n", 2)[2]
     g = report.grouped(report.collect([tmp_path / "runs"]).query("`cfg.data.source` == 'bbc'"))
-    diff, h = report.compare(g, 0, 1)
-    assert diff == pytest.approx(-0.09) and h == pytest.approx(half)
+    assert g.vs_diff[0] == pytest.approx(-0.09) and (g.vs_low[0], g.vs_high[0]) == pytest.approx((ci.low, ci.high))
 
 
 def test_report_compares_with_a_reference_within_groups(tmp_path):
@@ -207,10 +211,18 @@ def test_report_compares_with_a_reference_within_groups(tmp_path):
     files = report.report([tmp_path / "runs"], tmp_path / "out", {"attn_r": "8", "mlp_r": "8"}, ("attn_bits",))
     text = files["summary"].read_text()
     assert "| adapted | attn_r | attn_bits | mlp_bits | params |" in text
-    rows = {(c[3].strip(), c[2].strip()): line for line in text.splitlines()[4:] if line for c in [line.split("|")]}
-    # Welch: sd 0.01 and 0.02 over 3 seeds, 2.94 degrees of freedom -> t(2) = 4.303
-    assert rows[("4", "3")].endswith(f"| -0.110 ±{4.303 * math.sqrt((0.02 ** 2 + 0.01 ** 2) / 3):.3f} * | 1 |")
-    assert rows[("8", "3")].endswith(f"| +0.010 ±{4.303 * 0.01 / math.sqrt(3):.3f} | 1 |")
+    rows = {(c[3].strip(), c[2].strip()): line for line in text.splitlines()[4:] if line.startswith("|")
+            for c in [line.split("|")]}
+    # Welch (scipy), Holm across the two comparisons: the 4-bit cut differs, the 8-bit one is inconclusive
+    from scipy import stats as st
+
+    w4 = st.ttest_ind(accs[(4, 3, 8)], accs[(4, 8, 8)], equal_var=False)
+    w8 = st.ttest_ind(accs[(8, 3, 8)], accs[(8, 8, 8)], equal_var=False)
+    holm = sorted([w4.pvalue, w8.pvalue])
+    c4, c8 = w4.confidence_interval(), w8.confidence_interval()
+    assert rows[("4", "3")].endswith(f"| -0.110 [{c4.low:+.3f}, {c4.high:+.3f}] p_adj {2 * holm[0]:.2g} differs | 1 |")
+    assert rows[("8", "3")].endswith(f"| +0.010 [{c8.low:+.3f}, {c8.high:+.3f}] p_adj {max(2 * holm[0], holm[1]):.2g} "
+                                     "inconclusive | 1 |")
     assert "| reference |" in rows[("4", "8")] and "| reference |" in rows[("8", "8")]
     assert "params_shallow" not in text  # thirds of equal size are no depth study
     assert files["cells"].read_bytes()[:4] == b"\x89PNG"

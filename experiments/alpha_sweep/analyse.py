@@ -14,7 +14,7 @@ import sys
 
 import numpy as np
 
-from qft import report
+from qft import report, stats
 
 
 def main(path="results/alpha_sweep/runs") -> None:
@@ -27,21 +27,21 @@ def main(path="results/alpha_sweep/runs") -> None:
     resid = y - X @ coef
     dof = len(y) - X.shape[1]
     cov = (resid @ resid / dof) * np.linalg.inv(X.T @ X)
-    t = report._t95(dof + 1)
+    t = stats.t_quantile(dof)
     print(f"fit of {len(y)} records ({dof} degrees of freedom, residual SE {np.sqrt(resid @ resid / dof):.4f}):")
     for name, d in (("u: attention, per doubling of its alpha", [0, 1, 0, 0]),
                     ("v: MLP, per doubling of its alpha", [0, 0, 1, 0]),
                     ("w: interaction", [0, 0, 0, 1]), ("u - v: attention minus MLP", [0, 1, -1, 0])):
         d = np.array(d, float)
         print(f"  {name}: {d @ coef:+.4f} ±{t * np.sqrt(d @ cov @ d):.4f} (95%)")
-    g = report.seed_stats(df.groupby(["attn_alpha", "mlp_alpha"]))
+    g = stats.seed_summary(df.groupby(["attn_alpha", "mlp_alpha"]))
     print("mirrored cells (attention alpha, MLP alpha) against (MLP's, attention's):")
     for (x, z) in g.index:
         if x < z and (z, x) in g.index:
-            diff, half = report.compare(g, (x, z), (z, x))
-            star = " *" if abs(diff) > half else ""
-            print(f"  attn {x:g}, mlp {z:g}: {g.acc_mean[(x, z)]:.3f} vs attn {z:g}, mlp {x:g}: "
-                  f"{g.acc_mean[(z, x)]:.3f}: {diff:+.3f} ±{half:.3f}{star}")
+            a, b = g.loc[(x, z)], g.loc[(z, x)]
+            c = stats.welch_from_summary(a.acc_mean, a.acc_sd, a.n_seeds, b.acc_mean, b.acc_sd, b.n_seeds)
+            print(f"  attn {x:g}, mlp {z:g}: {a.acc_mean:.3f} vs attn {z:g}, mlp {x:g}: {b.acc_mean:.3f}: "
+                  f"{stats.describe(c)}")
 
 
 if __name__ == "__main__":
