@@ -126,7 +126,7 @@ def plan(paths, delta: float, margin: float, alpha: float, family: int, cells: i
         lines.append(f"no per-example scores in these records (made before they were kept): the seed-to-seed SD of "
                      f"test accuracy is {sd:.4f} at {n_test} test examples, and seed and example noise cannot be "
                      f"told apart; the test size stays {n_test}.")
-        comp_w = {"seed": 2 * sd * sd, "example": 0.0, "residual": 0.0}  # unpaired: both sides' variance
+        comp_w = {"seed": 2 * sd * sd, "example": 0.0, "residual": 0.0, "unpaired": True}  # both sides' variance
         sizes = (n_test,)
         comp = comp_w
     else:

@@ -187,9 +187,10 @@ def contrasts(df, g, plan: dict) -> tuple[list[dict], str]:
     found, comps = [], []
     for c in plan["contrasts"]:
         keys = []
-        for side in ("a", "b"):
-            hit = g[[all(_equal(r.get(k), v) for k, v in c[side].items()) for _, r in g.iterrows()]]
-            keys.append(hit.config_key.iloc[0] if len(hit) == 1 else None)
+        for side in ("a", "b"):  # a cell names columns of the table or dotted config keys
+            hit = ok[[all(_equal(r[k] if k in r else r.get(f"cfg.{k}"), v) for k, v in c[side].items())
+                      for _, r in ok.iterrows()]]
+            keys.append(hit.config_key.iloc[0] if hit.config_key.nunique() == 1 else None)
         comp = compare_configs(ok, *keys, plan["margin"], plan["metric"]) if None not in keys else None
         found.append((c, comp))
         if comp is not None:

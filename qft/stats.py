@@ -160,7 +160,10 @@ def design_se(components: dict, seeds: int, examples: int) -> float:
 
 
 def design_df(components: dict, seeds: int, examples: int) -> float:
-    """Satterthwaite degrees of freedom of that standard error (expected mean squares at the design)."""
+    """Satterthwaite degrees of freedom of that standard error (expected mean squares at the design); for an unpaired
+    seed-level design (components from records without per-example scores) those of Welch with equal spreads."""
+    if components.get("unpaired"):
+        return 2.0 * (seeds - 1)
     ms_s = components["residual"] + examples * components["seed"]
     ms_i = components["residual"] + seeds * components["example"]
     ms_e = components["residual"]

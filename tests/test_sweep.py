@@ -134,6 +134,16 @@ def test_report_table_and_plots(tmp_path):
     summary = files["summary"].read_text()
     assert summary.startswith("8 runs: 8 ok") and summary.count("| 2 |") == 3  # 3 trained configs, 2 seeds each
     assert summary.count("| 1 | ") == 1 and "one evaluation" in summary  # the untrained cell: deterministic, once
+    assert "(paired-crossed;" in summary.split("\n")[0] and "keep no per-example" not in summary  # new records: paired
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("margin: 0.05\ncontrasts:\n  - {name: attention 4 vs MLP 4, a: {attn_r: 4, mlp_r: 0}, "
+                    "b: {attn_r: 0, mlp_r: 4}}\n  - {name: missing cell, a: {attn_r: 9}, b: {attn_r: 4, mlp_r: 4}}\n")
+    files = report.report([runs], tmp_path / "out2", plan=plan)
+    text = files["contrasts"].read_text()
+    assert "Holm across the 1 that could be computed" in text and "| missing cell | - |" in text
+    row = json.loads((tmp_path / "out2" / "contrasts.json").read_text())[0]
+    assert row["method"] == "paired-crossed" and row["n_seeds"] == 2 and row["n_examples"] == 10
+    assert row["verdict"] in ("differs", "equivalent", "inconclusive") and row["p_adj"] == row["p"]
     for name in ("accuracy_vs_params", "rank_heatmap"):
         assert files[name].stat().st_size > 10_000 and files[name].read_bytes()[:4] == b"\x89PNG"
 
