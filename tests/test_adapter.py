@@ -67,7 +67,12 @@ def test_trainable_parameter_counts_are_exact():
 def test_count_from_shapes_alone_matches_built_model():
     cfg, _, built = build(*OVERRIDES)
     plan = adapter.plan(cfg.adapter, built.projections)
-    assert adapter.count(plan, built.projections)["total"] == built.params["total"]
+    counted = adapter.count(plan, built.projections)
+    # the built model's own trainable tensors, by name
+    trainable = {n: p.numel() for n, p in built.model.named_parameters() if p.requires_grad}
+    assert counted["total"] == sum(trainable.values())
+    assert counted["per_layer_type"]["attn"] == sum(v for n, v in trainable.items() if ".self_attn." in n)
+    assert counted["per_layer_type"]["mlp"] == sum(v for n, v in trainable.items() if ".mlp." in n)
 
 
 def test_rslora_scaling():
@@ -89,5 +94,15 @@ def test_saved_adapter_config_is_stock_peft(tmp_path):
     from peft import PeftConfig
 
     conf = PeftConfig.from_pretrained(tmp_path)
-    assert conf.peft_type == "LORA" and conf.r in (2, 4, 8, 16)
-    assert (tmp_path / "adapter_model.safetensors").exists()
+    assert conf.peft_type == "LORA" and (tmp_path / "adapter_model.safetensors").exists()
+    # every module's rank and alpha, as stock peft resolves them from the saved r / rank_pattern / alpha_pattern
+    import re
+
+    def resolve(pattern: dict, default, name):
+        hits = [v for k, v in pattern.items() if re.fullmatch(rf"(.*\.)?{k}", name)]
+        return hits[0] if hits else default
+    targets = [l.name for l in built.projections if expected(l.name)[0] > 0]
+    assert all(bool(re.fullmatch(conf.target_modules, l.name)) == (l.name in targets) for l in built.projections)
+    for name in targets:
+        assert (resolve(conf.rank_pattern, conf.r, name), resolve(conf.alpha_pattern, conf.lora_alpha, name)) \
+            == expected(name), name

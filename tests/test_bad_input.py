@@ -38,6 +38,18 @@ CASES = [
     ("data.max_length=20", "data.max_length"),
     ("model.path=/nonexistent/model", "model.path"),
     ("data=local", "data.path"),
+    ("seed=1.5", "seed"),
+    ("train.schedule=exponential", "train.schedule"),
+    ("train.resume=maybe", "train.resume"),
+    ("train.steps=0", "train.steps"),
+    ("adapter.use_rslora=maybe", "adapter.use_rslora"),
+    ("data.task=qa", "data.task"),
+    ("+data.label_words={no_such_label:x}", "data.label_words"),
+    ("offload.prefetch=maybe", "offload.prefetch"),
+    ("offload.device_budget_gb=0", "offload.device_budget_gb"),
+    ("offload.device_budget_gb=-4", "offload.device_budget_gb"),
+    ("budget.params=-5", "budget.params"),
+    ("model.source=hub", "model.source"),
 ]
 
 
@@ -50,6 +62,25 @@ def test_bad_config_names_the_key_and_records_failure(tmp_path, override, key):
     assert str(e.value).startswith(f"{key}=") and "\n" not in str(e.value)
     rec = record.read(tmp_path)
     assert rec["status"] == "failed" and key in rec["error"]
+
+
+@pytest.mark.parametrize("override,key", [("budget.tolerance=0", "budget.tolerance"),
+                                          ("budget.tolerance=1.5", "budget.tolerance"),
+                                          ("budget.shares=[1]", "budget.shares"),
+                                          ("budget.shares=[-1,2]", "budget.shares")])
+def test_bad_budget_settings_name_the_key(tmp_path, override, key):
+    with pytest.raises(QftError) as e:  # checked only while a budget is set
+        run.run(make_cfg(*TINY_DATA, "budget.params=20000", override), tmp_path)
+    assert e.value.key == key and record.read(tmp_path)["status"] == "failed"
+
+
+@pytest.mark.parametrize("override,key", [("model.package=no_such_package", "model.package"),
+                                          ("model.file=no_such_file.gguf", "model.file")])
+def test_bad_packaged_model_names_the_key(tmp_path, override, key):
+    with pytest.raises(QftError) as e:
+        run.run(make_cfg(*TINY_DATA, override, tiny=False), tmp_path)
+    assert e.value.key == key and "\n" not in str(e.value)
+    assert record.read(tmp_path)["status"] == "failed"
 
 
 def test_corrupt_model_files_get_a_clear_error(tmp_path):

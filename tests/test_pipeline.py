@@ -36,7 +36,7 @@ def single(tmp_path_factory):
     return qft(tmp_path_factory.mktemp("pipe"), "single")
 
 
-@pytest.mark.parametrize("stages,schedule", [(2, "1f1b"), (3, "gpipe"), (3, "1f1b")])
+@pytest.mark.parametrize("stages,schedule", [(2, "1f1b"), (2, "gpipe"), (3, "gpipe"), (3, "1f1b")])
 def test_pipeline_matches_the_single_process_run(single, tmp_path, stages, schedule):
     ref, ref_adapter = single
     rec, got = qft(tmp_path, f"pipe{stages}{schedule}", "offload=pipeline", f"offload.stages={stages}",

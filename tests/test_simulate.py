@@ -231,6 +231,13 @@ def test_cli_reads_a_yaml_server_and_workload(tmp_path):
     r = cli(str(y), "--offload-stages", "0")
     assert r.returncode == 0, r.stderr
     assert "| neighbour |" in r.stdout
+    # the numbers are the YAML's: 2 GPUs of 24e9 B (22 GiB); 1F1B, 2 stages, 4 micro-batches of 0.1 + 0.2 s:
+    # no offload takes (4 + 2 - 1) x 0.3 = 1.5 s a step
+    assert r.stdout.startswith("custom (2 GPUs, 22 GiB, PCIe 25 GB/s, NVLink 56 GB/s pairs [[0, 1]])")
+    assert "| none | 1.5 |" in r.stdout
+    y.write_text(y.read_text().replace("fwd_s: 0.1", "fwd_s: 0.3"))
+    slower = cli(str(y), "--offload-stages", "0")
+    assert "| none | 2.5 |" in slower.stdout  # (4 + 1) x (0.3 + 0.2)
 
 
 @pytest.mark.parametrize("args,key", [

@@ -70,15 +70,39 @@ def test_quantized_base_cache_rebuilds_the_same_model(preset, extra, tmp_path, m
     assert built.base_bytes == first[0].base_bytes
 
 
-def test_tuned_host_allocator_changes_no_numbers():
-    from conftest import make_cfg
+ALLOCATOR_PROBE = """
+import sys, torch
+from safetensors.torch import save_file
+sys.path.insert(0, "tests")
+from conftest import make_cfg
+from qft import train
+import test_speed_switches as t
+print(train.tune_host_allocator(make_cfg(f"train.host_allocator={sys.argv[1]}").train))
+_, loss, grads, logits = t.loss_grads_logits(f"train.host_allocator={sys.argv[1]}")
+save_file({**{"g." + k: v for k, v in grads.items()}, "logits": logits, "loss": torch.tensor(loss)}, sys.argv[2])
+"""
 
-    ref = loss_grads_logits("train.host_allocator=default")[1:]
-    assert train.tune_host_allocator(make_cfg("train.host_allocator=tuned").train) is True
-    assert train.tune_host_allocator(make_cfg("train.host_allocator=default").train) is False
-    _, loss, grads, logits = loss_grads_logits("train.host_allocator=tuned")
-    assert loss == ref[0] and torch.equal(logits, ref[2])
-    assert all(torch.equal(grads[k], ref[1][k]) for k in ref[1])
+
+def test_tuned_host_allocator_changes_no_numbers(tmp_path):
+    """The allocator setting is process-wide, so each side runs in a fresh process of its own."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    root = Path(__file__).resolve().parent.parent
+    out = {}
+    for setting in ("default", "tuned"):
+        res = subprocess.run([sys.executable, "-c", ALLOCATOR_PROBE, setting, str(tmp_path / setting)], cwd=root,
+                             capture_output=True, text=True, timeout=300,
+                             env={**os.environ, "PYTHONHASHSEED": "0"})  # loss_grads_logits seeds by hash(name)
+        assert res.returncode == 0, res.stderr[-2000:]
+        assert res.stdout.strip().splitlines()[-1] == str(setting == "tuned")  # only the tuned process changed it
+        out[setting] = load_file(tmp_path / setting)
+    assert out["default"].keys() == out["tuned"].keys()
+    assert all(torch.equal(out["default"][k], out["tuned"][k]) for k in out["default"])
 
 
 # ---------------------------------------------------------------- adapter.dropout_mask=fast: another random stream
@@ -102,9 +126,16 @@ def test_fast_dropout_keeps_the_rate_and_scales_like_inverted_dropout():
     torch.manual_seed(0)
     assert torch.equal(drop(x), y)  # drawn from torch's global generator: seeds and checkpoints govern it
     assert drop.eval()(x) is x and FastDropout(0.0).train()(x) is x
-    # the mask is independent across a row and across lanes of one 64-bit draw
-    lanes = kept.view(-1, 4).float().mean(0)
-    assert torch.all((lanes - (1 - p_exact)).abs() < 5 * (p_exact / (n / 4)) ** 0.5)
+    # each of the four 16-bit lanes of one 64-bit draw keeps at the rate, and the lanes are independent of each other
+    lanes = kept.view(-1, 4).float()
+    assert torch.all((lanes.mean(0) - (1 - p_exact)).abs() < 5 * (p_exact / (n / 4)) ** 0.5)
+    half = FastDropout(0.5).train()
+    torch.manual_seed(1)
+    dropped = (half(torch.ones(4 * 250_000)) == 0).view(-1, 4).float()
+    for i in range(4):
+        for j in range(i + 1, 4):  # P(both dropped) = 1/4 for independent lanes, 1/2 if one draw fed both
+            both = (dropped[:, i] * dropped[:, j]).mean().item()
+            assert abs(both - 0.25) < 5 * (0.25 * 0.75 / 250_000) ** 0.5, (i, j, both)
 
 
 def test_fast_dropout_on_every_adapter_and_only_there():

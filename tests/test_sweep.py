@@ -73,15 +73,26 @@ def test_budget_allocations_hit_their_budgets_on_the_built_model():
 
 
 def test_budget_depth_split_sets_depth_groups():
-    cfg = make_cfg("budget.params=30000", "budget.split=depth", "budget.shares=[1,2,1]", "budget.tolerance=0.1")
+    from qft import layers as L
+
+    # shares 1:3:0 must solve to three different ranks: a solver that ignored budget.shares would not
+    cfg = make_cfg("budget.params=30000", "budget.split=depth", "budget.shares=[1,3,0]", "budget.tolerance=0.1")
     source = model.resolve(cfg.model, cfg.cache_dir)
     layers = budget.meta_layers(source)
     ranks = budget.apply(cfg, layers)
+    assert ranks["deep"] == 0 and ranks["middle"] > ranks["shallow"] > 0
     plan = adapter.plan(cfg.adapter, layers)
     counts = adapter.count(plan, layers)
-    assert counts["per_depth_group"]["middle"] > counts["per_depth_group"]["shallow"]
+    thirds = L.depth_thirds(4)
+    for lay in layers:  # every layer's planned rank is its third's
+        third = next(g for g, (lo, hi) in thirds.items() if lo <= lay.depth <= hi)
+        assert plan[lay.name]["r"] == ranks[third], lay.name
+    per_rank = {g: sum(l.in_features + l.out_features for l in layers if lo <= l.depth <= hi)
+                for g, (lo, hi) in thirds.items()}  # 1,120 a layer: q/o 128, k/v 96, gate/up/down 224
+    assert {g: counts["per_depth_group"][g] for g in thirds} == {g: ranks[g] * per_rank[g] for g in thirds}
     assert abs(counts["total"] - 30000) <= 3000
-    assert {plan[l.name]["r"] for l in layers if l.depth == 0} == {ranks["shallow"]}
+    share = counts["per_depth_group"]["middle"] / counts["total"]
+    assert abs(share - 0.75) < 0.1  # 3 of 4 shares
 
 
 def test_budget_below_the_smallest_allocation():
@@ -259,7 +270,7 @@ def test_report_shows_depth_thirds_when_a_configuration_makes_them_uneven(tmp_pa
 
 
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="Linux only: VmHWM reset")
-def test_each_run_records_its_own_peak_not_an_earlier_jobs_of_the_same_process():
+def test_each_run_records_its_own_peak_not_an_earlier_jobs_of_the_same_process(tmp_path):
     import mmap
 
     import torch
@@ -272,6 +283,8 @@ def test_each_run_records_its_own_peak_not_an_earlier_jobs_of_the_same_process()
     big.write(b"\1" * len(big))
     big.close()
     before = record.peak_memory(torch.device("cpu"))["peak_rss_bytes"]
-    record.reset_peak_memory(torch.device("cpu"))
-    after = record.peak_memory(torch.device("cpu"))["peak_rss_bytes"]
-    assert before - after > 300e6
+    # a run (as a sweep's next job in this same process) must record its own peak, not the 400 MB above
+    rec = run.run(make_cfg("data.train_size=16", "data.val_size=5", "data.test_size=5", "train.steps=1",
+                           "train.batch_size=4", "train.zero_shot=false", "train.checkpoint_every=0",
+                           "train.eval_every=0"), tmp_path)
+    assert before - rec["memory"]["peak_rss_bytes"] > 300e6, (before, rec["memory"])

@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from qft import evaluate, record, run, train
@@ -53,11 +54,16 @@ def test_micro_batches_are_a_seeded_pure_function_of_the_step():
     assert train.micro_batch_indices(n, bs, 1, 4) != epoch0[1]
 
 
-def test_lr_schedule():
-    cfg = make_cfg("train.steps=20", "train.warmup_steps=4").train
-    f = [train.lr_factor(cfg, s) for s in range(20)]
-    assert f[:4] == [0.25, 0.5, 0.75, 1.0] and f[4] == 1.0 and f[-1] < 0.01
-    assert all(a >= b for a, b in zip(f[4:], f[5:]))
+def test_lr_schedule_closed_forms():
+    import math
+
+    for schedule, want in (("cosine", lambda p: 0.5 * (1 + math.cos(math.pi * p))), ("linear", lambda p: 1 - p),
+                           ("constant", lambda p: 1.0)):
+        cfg = make_cfg("train.steps=20", "train.warmup_steps=4", f"train.schedule={schedule}").train
+        f = [train.lr_factor(cfg, s) for s in range(20)]
+        assert f[:4] == [0.25, 0.5, 0.75, 1.0]
+        for s in range(4, 20):
+            assert f[s] == pytest.approx(want((s - 4) / 16), abs=1e-12), (schedule, s)
 
 
 RUN = ["train.steps=6", "train.batch_size=4", "train.grad_accum=2", "train.eval_every=0", "train.checkpoint_every=2",
@@ -102,7 +108,34 @@ def test_instruction_data_trains_and_scores_by_exact_match(tmp_path):
                            "data.test_size=4", "data.max_length=64", "train.steps=2", "train.batch_size=4",
                            "train.eval_every=0", "train.checkpoint_every=0"), tmp_path / "run")
     assert rec["status"] == "ok" and rec["data"]["task"] == "instruction"
-    assert rec["final_accuracy"]["test"] in (0.0, 0.25, 0.5, 0.75, 1.0)
+    test = record.read_examples(tmp_path / "run")["final.test"]
+    assert len(test["correct"]) == 4 and rec["final_accuracy"]["test"] == test["correct"].mean()
+
+
+def test_exact_match_scores_exactly_what_was_generated(tokenizer):
+    """Controlled generations: right, wrong, right with spaces around it, and a prefix of the answer."""
+    from qft.data import Split
+
+    refs = ["red", "blue", "tall", "older"]
+    outputs = ["red", "green", "  tall \n", "old"]
+
+    class Scripted(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+
+        def generate(self, input_ids, attention_mask, max_new_tokens, **kw):
+            rows = []
+            for ids in input_ids:
+                i = int(ids[-1])  # each prompt ends with its own index token
+                new = tokenizer(outputs[i], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+                rows.append(ids.tolist() + (new + [tokenizer.pad_token_id] * 8)[:max_new_tokens])
+            return torch.tensor(rows)
+
+    answers = [tokenizer(r, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] for r in refs]
+    split = Split([[7, 8, i] for i in range(4)], answers, [-1] * 4, refs)
+    hits = evaluate.exact_match(Scripted(), split, tokenizer, 3, torch.float32)
+    assert hits == [True, False, True, False]
 
 
 def test_resume_refuses_or_ignores_another_configs_checkpoint(tmp_path):
