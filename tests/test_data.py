@@ -1,4 +1,5 @@
 import json
+import tempfile
 
 import pytest
 import torch
@@ -8,9 +9,10 @@ from qft.errors import QftError
 from conftest import make_cfg
 
 
-def prepare(tokenizer, *overrides):
+def prepare(tokenizer, *overrides, cache=None):
+    """A task prepared into a fresh cache (or `cache`), so what is tested is today's code, never a cached result."""
     cfg = make_cfg(*overrides)
-    return data.prepare(cfg.data, tokenizer, cfg.cache_dir), cfg
+    return data.prepare(cfg.data, tokenizer, cache or tempfile.mkdtemp(prefix="qft-data-")), cfg
 
 
 def test_splits_are_seeded_disjoint_and_stratified():
@@ -44,17 +46,17 @@ def test_tokenized_data_is_cached_by_content(tokenizer, monkeypatch, tmp_path):
     write_csv(f, [(f"review number {i}", "good" if i % 2 else "bad") for i in range(40)])
     local = ["data=local", f"data.path={f}", "data.text_column=review", "data.label_column=stars",
              "data.train_size=21", "data.val_size=5", "data.test_size=5"]
-    first, _ = prepare(tokenizer, *local)
+    first, _ = prepare(tokenizer, *local, cache=tmp_path)
     saved = []
     real_save = data._save_cache
     monkeypatch.setattr(data, "_save_cache", lambda *a: saved.append(a[0]) or real_save(*a))
     # the label words and frame are tokenized before the cache lookup; the examples only on a miss
     calls, real_encode = [], data._encode_many
     monkeypatch.setattr(data, "_encode_many", lambda tok, texts, keep: calls.append(texts) or real_encode(tok, texts, keep))
-    task, _ = prepare(tokenizer, *local)
+    task, _ = prepare(tokenizer, *local, cache=tmp_path)
     assert not calls and not saved and task.splits["train"].prompts == first.splits["train"].prompts
     write_csv(f, [(f"review number {i}", "good" if i % 3 else "bad") for i in range(40)])  # same texts, new labels
-    changed, _ = prepare(tokenizer, *local)
+    changed, _ = prepare(tokenizer, *local, cache=tmp_path)
     assert calls and len(saved) == 1 and changed.cache_key != first.cache_key
 
 
