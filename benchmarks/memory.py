@@ -53,7 +53,9 @@ CONFIGS = {
 def compose(overrides: list[str]):
     from hydra import compose as hydra_compose, initialize_config_dir
 
-    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+    from qft.config import CONF
+
+    with initialize_config_dir(CONF, version_base="1.3"):
         mask = [] if any(o.startswith("adapter.dropout_mask=") for o in overrides) else \
             ["adapter.dropout_mask=torch"]  # what the stored measurements ran with, before the fast mask existed
         return hydra_compose("config", overrides=TRAIN + [f"device={os.environ.get('QFT_BENCH_DEVICE', 'cpu')}"]

@@ -36,7 +36,9 @@ def overrides(a) -> list[str]:
 def compose(a):
     from hydra import compose as hydra_compose, initialize_config_dir
 
-    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+    from qft.config import CONF
+
+    with initialize_config_dir(CONF, version_base="1.3"):
         return hydra_compose("config", overrides=overrides(a))
 
 

@@ -10,9 +10,8 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
+from qft.config import CONF
 from qft.errors import QftError
-
-CONF = str(Path(__file__).resolve().parent.parent / "conf")
 
 
 @hydra.main(config_path=CONF, config_name="config", version_base="1.3")
@@ -35,6 +34,8 @@ def main(cfg) -> float | None:
         if not sweeping:
             raise
         print(f"qft: run {run_dir} failed: {type(e).__name__}: {e}", file=sys.stderr)
+        return None
+    if os.environ.get("RANK", "0") != "0":  # a pipeline stage other than the first: rank 0 scores and reports
         return None
     print(f"qft: {rec['status']}: test accuracy {(rec.get('final_accuracy') or {}).get('test')} "
           f"(zero-shot {(rec.get('zero_shot_accuracy') or {}).get('test')}), record {run_dir / 'result.json'}")

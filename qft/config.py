@@ -7,10 +7,13 @@ depth is known (from its config, before any weight is read).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from qft import adapter, budget, data, evaluate, logger, offload, quant, train
 from qft.errors import QftError
 
 DEVICES = ("auto", "cpu", "cuda")
+CONF = str(Path(__file__).resolve().parent.parent / "conf")  # the Hydra config tree: every default lives there
 
 
 def device(cfg, planning: bool = False) -> str:
@@ -25,8 +28,9 @@ def device(cfg, planning: bool = False) -> str:
     return ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
 
 
-def validate(cfg, depth: int | None = None, planning: bool = False) -> str:
-    """Raise QftError on the first bad value; return the device the run will use."""
+def validate(cfg, depth: int | None = None, planning: bool = False, files: bool = True) -> str:
+    """Raise QftError on the first bad value; return the device the run will use. `files=False` (planning a job for
+    another machine) leaves out the checks that read local data and benchmark files."""
     from omegaconf import OmegaConf
 
     missing = sorted(OmegaConf.missing_keys(cfg))
@@ -38,11 +42,12 @@ def validate(cfg, depth: int | None = None, planning: bool = False) -> str:
     budget.check(cfg.budget)
     quant.check(cfg.quant, depth)
     adapter.check(cfg.adapter, depth)
-    data.check(cfg.data)
+    data.check(cfg.data, files)
     train.check(cfg.train, dev)
     logger.check(cfg.logger)
     offload.check(cfg.offload)
-    evaluate.check(cfg.get("evaluate"))
+    if files:
+        evaluate.check(cfg.get("evaluate"))
     if cfg.quant.compute_dtype == "fp16":
         raise QftError("quant.compute_dtype", "fp16", "fp16 training needs loss scaling, which qft does not do; "
                                                        "use bf16, fp32 or auto")
@@ -59,8 +64,6 @@ def compose(argv, prog: str):
     import sys
 
     from hydra import compose as hydra_compose, initialize_config_dir
-
-    from qft.__main__ import CONF
 
     with initialize_config_dir(CONF, version_base="1.3"):
         try:

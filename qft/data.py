@@ -134,10 +134,12 @@ STRATIFY = ("balanced", "proportional")
 FORMAT = 2
 
 
-def check(cfg) -> None:
+def check(cfg, files: bool = True) -> None:
     one_of("data.source", cfg.source, SOURCES)
     one_of("data.task", cfg.task, TASKS)
-    if cfg.source == "local" and not (cfg.path and Path(os.path.expanduser(str(cfg.path))).is_file()):
+    if cfg.source == "local" and not cfg.path:
+        raise QftError("data.path", cfg.path, "an existing .csv, .tsv, .json or .jsonl file")
+    if files and cfg.source == "local" and not (cfg.path and Path(os.path.expanduser(str(cfg.path))).is_file()):
         raise QftError("data.path", cfg.path, "an existing .csv, .tsv, .json or .jsonl file")
     if cfg.task == "instruction" and cfg.source != "local":
         raise QftError("data.task", cfg.task, "instruction data comes from a local file (data.source=local)")

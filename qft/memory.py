@@ -149,15 +149,16 @@ def _compute_dtype(name: str, device: str) -> str:
     return model.compute_dtype_name(name, device)
 
 
-def _validate(cfg, depth: int | None = None) -> None:
-    """The run's own validation; a GPU planned from a machine without one passes the device check."""
+def _validate(cfg, depth: int | None = None, files: bool = True) -> None:
+    """The run's own validation; a GPU planned from a machine without one passes the device check, and with
+    files=False so does a data or benchmark file that only the job's machine has."""
     from qft import config
 
-    config.validate(cfg, depth, planning=True)
+    config.validate(cfg, depth, planning=True, files=files)
 
 
 def plan(cfg, source=None, answer_tokens: int | None = None, answer_rows: int | None = None,
-         padded: bool = True) -> Plan:
+         padded: bool = True, files: bool = True) -> Plan:
     """Validate the config as a run would and resolve it against the architecture (meta device).
 
     What the config cannot say about the batches, if known: answer_tokens, the longest answer (default
@@ -166,11 +167,11 @@ def plan(cfg, source=None, answer_tokens: int | None = None, answer_rows: int | 
     """
     from qft import model
 
-    _validate(cfg)
+    _validate(cfg, files=files)
     device = target_device(cfg)
     source = source or model.resolve(cfg.model, cfg.cache_dir)
     projections, shape, (embed, layer_other, head, tied, biased) = _architecture(source)
-    _validate(cfg, shape.layers)
+    _validate(cfg, shape.layers, files=files)
     off = dict(cfg.offload)
     if off["mode"] == "pipeline" and off["stages"] > shape.layers:
         raise QftError("offload.stages", off["stages"],
@@ -527,9 +528,9 @@ class Estimate:
 
 
 def estimate(cfg, source=None, answer_tokens: int | None = None, answer_rows: int | None = None,
-             padded: bool = True) -> Estimate:
+             padded: bool = True, files: bool = True) -> Estimate:
     """Per-device peak memory of one training step of `cfg`, from the config alone (no weights); see plan."""
-    p = plan(cfg, source, answer_tokens, answer_rows, padded)
+    p = plan(cfg, source, answer_tokens, answer_rows, padded, files)
     off = p.offload
     if off["mode"] == "pipeline":
         from qft import pipeline

@@ -151,7 +151,7 @@ def plan(paths, delta: float, margin: float, alpha: float, family: int, cells: i
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m qft.power", description=__doc__.split("\n\n")[0])
     ap.add_argument("records", nargs="+", help="folders of pilot result records")
     ap.add_argument("--delta", type=float, default=0.02, help="the difference to find (default 0.02)")
@@ -161,7 +161,11 @@ def main(argv=None) -> int:
     ap.add_argument("--cells", type=int, default=None, help="configurations the study runs (default: the records')")
     ap.add_argument("--metric", choices=("accuracy", "loglik"), default="accuracy",
                     help="per-example correctness, or the gold label's log-likelihood (continuous, more power)")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
     try:
         for key, v in (("--delta", args.delta), ("--alpha", args.alpha)):
             if not v > 0:

@@ -486,7 +486,7 @@ def _summarise(df, out: Path, experiment: str, versus: dict | None = None, withi
     return files
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m qft.report", description=__doc__.split("\n\n")[0])
     ap.add_argument("paths", nargs="+", help="folders searched for result.json (or result.json files)")
     ap.add_argument("--out", help="output folder (default results/<experiment>)")
@@ -495,7 +495,11 @@ def main(argv=None) -> int:
     ap.add_argument("--within", default="", help="compare within groups of these columns: attn_bits,mlp_bits")
     ap.add_argument("--plan", help="the study's declared analysis (plan.yaml: contrasts, margin, metric); its contrasts "
                     "are printed first with Holm across them, the rest is exploratory")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
     try:
         versus = dict(kv.split("=", 1) for kv in args.versus.split(",") if kv) or None
     except ValueError:

@@ -1036,7 +1036,7 @@ def _parse_fraction(text):
         raise QftError("--fraction", text, "a fraction in [0, 1], or 'auto'") from None
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = _Parser(prog="python -m qft.simulate", description="Compare activation-offload policies for "
                  "pipeline-parallel fine-tuning on a described server (discrete-event simulation).")
     ap.add_argument("server", nargs="?", default="rtx3090x4", help=f"a preset ({', '.join(SERVERS)}) or a YAML file")
@@ -1063,7 +1063,11 @@ def main(argv=None) -> int:
     ap.add_argument("--sweep", action="store_true", help="also vary compute speed, baseline copy bandwidth, "
                     "uplink sharing and fraction; print (and with --out write sweep.md/csv) the speedups")
     ap.add_argument("--out", default=None, help="write table.md, table.csv and PNG plots here")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
     try:
         if args.server in SERVERS:
             server, wl_dict = SERVERS[args.server](), None

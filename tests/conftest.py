@@ -6,8 +6,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from qft import model, run
-
-CONF = str(Path(__file__).resolve().parent.parent / "conf")
+from qft.config import CONF
 CACHE = os.environ.setdefault("QFT_CACHE", str(Path("~/.cache/qft").expanduser()))
 os.environ.setdefault("QFT_PROGRESS", "0")
 TINY_DATA = ["data.train_size=48", "data.val_size=10", "data.test_size=15"]

@@ -89,7 +89,7 @@ class DryRunLauncher(Launcher):
         budget = self.gpu_memory_gb * GiB
         print(f"qft dry run: {_jobs(len(job_overrides))}, each asking Slurm for {resources(self.slurm)}; "
               f"records under {self.sweep_dir}; memory estimated per GPU against {self.gpu_memory_gb:g} GiB")
-        runs, fit, too_big, failed = [], 0, 0, 0
+        runs, fit, too_big, failed, elsewhere = [], 0, 0, 0, 0
         try:
             for i, overrides in enumerate(job_overrides):
                 idx = initial_job_idx + i
@@ -102,12 +102,19 @@ class DryRunLauncher(Launcher):
                     del cfg["hydra"]
                 result: dict = {"job": idx, "overrides": list(filter_overrides(overrides))}
                 try:
-                    est = memory.estimate(cfg, model.resolve(cfg.model, cfg.cache_dir))
+                    note = ""
+                    try:
+                        est = memory.estimate(cfg, model.resolve(cfg.model, cfg.cache_dir))
+                    except QftError as e:  # data or MMLU files that only the cluster has: size the job without them
+                        if e.key not in ("data.path", "evaluate.path"):
+                            raise
+                        est = memory.estimate(cfg, model.resolve(cfg.model, cfg.cache_dir), files=False)
+                        note, elsewhere = f" (not on this machine, the job needs it: {e})", elsewhere + 1
                     # the job trains and then scores on its GPU (a pipeline scores on the host)
                     worst = max(est.peak, 0 if est.mode == "pipeline" else est.eval_peak)
                     result.update(peak_bytes=est.peak, eval_peak_bytes=est.eval_peak, fits=worst <= budget)
                     verdict = (f"peak {est.peak / GiB:.3f} GiB per GPU (evaluation {est.eval_peak / GiB:.3f} GiB): "
-                               f"{'fits' if result['fits'] else 'DOES NOT FIT'} {self.gpu_memory_gb:g} GiB")
+                               f"{'fits' if result['fits'] else 'DOES NOT FIT'} {self.gpu_memory_gb:g} GiB{note}")
                     fit, too_big = fit + result["fits"], too_big + (not result["fits"])
                 except QftError as e:  # what the job itself would stop on (a missing model folder, a bad value)
                     result["error"] = str(e)
@@ -122,5 +129,6 @@ class DryRunLauncher(Launcher):
         n, at_once = len(job_overrides), self.slurm.get("array_parallelism")
         print(f"total: {_jobs(n)}, {n * gpus * hours:g} GPU-hours requested ({n} x {gpus} GPU x {hours:g} h"
               f"{f', at most {at_once} at once' if at_once else ''}); "
-              f"{fit} fit {self.gpu_memory_gb:g} GiB, {too_big} do not, {failed} fail validation", flush=True)
+              f"{fit} fit {self.gpu_memory_gb:g} GiB, {too_big} do not, {failed} fail validation"
+              f"{f'; {elsewhere} read data or benchmark files not on this machine' if elsewhere else ''}", flush=True)
         return runs

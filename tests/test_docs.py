@@ -1,0 +1,140 @@
+"""Every command the docs show runs as written: each `python -m qft...`, `torchrun ... -m qft` and `make` line in the code
+blocks of README.md, benchmarks/README.md and experiments/**/*.md composes (every grid point of a multirun, and of an
+experiment's sweeper grid), passes the run's own validation, and parses with its tool's own parser."""
+
+import itertools
+import os
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from qft import config, memory, power, report, simulate
+from qft.errors import QftError
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = [ROOT / "README.md", ROOT / "benchmarks" / "README.md", *sorted((ROOT / "experiments").rglob("*.md"))]
+COMMAND = re.compile(r"(^|\s)(python -m qft|torchrun .*-m qft|make )")
+
+
+def documented() -> list[tuple[str, str]]:
+    out = []
+    for doc in DOCS:
+        for block in re.findall(r"```(?:bash|sh)?\n(.*?)```", doc.read_text(), re.S):
+            for line in block.replace("\\\n", " ").splitlines():
+                line = re.split(r"\s#\s", line)[0].strip()
+                if COMMAND.search(line) and not line.startswith("#"):
+                    out.append((f"{doc.relative_to(ROOT)}", line))
+    return out
+
+
+COMMANDS = documented()
+
+
+def test_the_docs_show_commands():
+    assert len(COMMANDS) > 40 and any("qft.power" in c for _, c in COMMANDS)
+
+
+def split_values(value: str) -> list[str]:
+    """A Hydra sweep value a,b,c -> [a, b, c]; commas inside brackets, braces or quotes stay."""
+    out, depth, cur, quote = [], 0, "", None
+    for ch in value:
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "[{(":
+            depth += 1
+        elif ch in "]})":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            out.append(cur)
+            cur = ""
+            continue
+        cur += ch
+    return out + [cur]
+
+
+def grid(overrides: list[str]) -> list[list[str]]:
+    axes = []
+    for o in overrides:
+        key, _, value = o.partition("=")
+        values = split_values(value) if "=" in o and not key.startswith("+") else [value]
+        axes.append([f"{key}={v}" if "=" in o else o for v in values])
+    return [list(p) for p in itertools.product(*axes)]
+
+
+def hydra_cfg(overrides: list[str], with_hydra: bool = False):
+    with initialize_config_dir(config.CONF, version_base="1.3"):
+        return compose("config", overrides=overrides, return_hydra_config=with_hydra)
+
+
+def environment(words: list[str]) -> tuple[dict, list[str]]:
+    env = {}
+    while words and re.fullmatch(r"[A-Z_]+=.*", words[0]):
+        k, v = words.pop(0).split("=", 1)
+        env[k] = v
+    return env, words
+
+
+def check_qft_run(args: list[str], env: dict, monkeypatch) -> None:
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    overrides = [a for a in args if a not in ("--multirun", "-m")]
+    for point in grid(overrides):
+        cfg = hydra_cfg(point, with_hydra=True)
+        sweep = dict(cfg.hydra.sweeper.get("params") or {})
+        extra = [[f"{k}={v}" for v in split_values(str(val))] for k, val in sweep.items() if k not in
+                 {o.partition("=")[0] for o in point}]
+        for more in itertools.product(*extra) if extra else [()]:
+            job = hydra_cfg([*point, *more])
+            dry = "hydra/launcher=dry_run" in point
+            # a dry run plans jobs for a cluster: its data and benchmark files live there
+            config.validate(job, planning=job.device == "cuda" or dry, files=not dry and not env)
+
+
+@pytest.mark.parametrize("where,line", COMMANDS, ids=[f"{w}:{i}" for i, (w, _) in enumerate(COMMANDS)])
+def test_documented_command_runs_as_written(where, line, monkeypatch, tmp_path):
+    env, words = environment(shlex.split(line))
+    if words[0] == "make":
+        targets = re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), re.M)
+        assert all(t in targets for t in words[1:]), (where, line)
+        return
+    if words[0] == "torchrun":
+        words = words[words.index("-m"):]
+        words = ["python", *words]
+    assert words[:2] == ["python", "-m"], line
+    module, args = words[2], words[3:]
+    monkeypatch.chdir(ROOT)
+    if module == "qft":
+        check_qft_run(args, env, monkeypatch)
+    elif module in ("qft.memory", "qft.budget"):
+        assert not any(a.startswith("--") for a in args), f"{line}: {module} takes Hydra overrides only"
+        cfg = hydra_cfg(args)
+        memory.plan(cfg) if module == "qft.memory" else config.validate(cfg, planning=True)
+    elif module == "qft.report":
+        ns = report.parser().parse_args(args)
+        # committed records, or the sweep folder a documented cluster run writes (conf/scale/paper.yaml)
+        paper = str(hydra_cfg(["+experiment=rank_sweep", "scale=paper"], with_hydra=True).hydra.sweep.dir)
+        assert all(Path(p).exists() or p == paper for p in ns.paths), line
+        if ns.plan:
+            report.read_plan(ns.plan)
+    elif module == "qft.power":
+        ns = power.parser().parse_args(args)
+        assert all(Path(p).exists() for p in ns.records), line
+    elif module == "qft.simulate":
+        simulate.parser().parse_args(args)
+    else:
+        pytest.fail(f"{where}: {line}: no check for {module}")
+
+
+def test_bad_documented_overrides_would_fail():
+    """The checks above can fail: a stale key or flag is caught."""
+    with pytest.raises(Exception):
+        hydra_cfg(["quant.projections.down_proj.bits=16"])  # needs a leading +
+    with pytest.raises(SystemExit):
+        report.parser().parse_args(["results", "--budget-gb", "24"])
+    with pytest.raises(QftError):
+        config.validate(hydra_cfg(["data=local", "data.path=/no/such.csv"]))
