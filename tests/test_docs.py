@@ -138,3 +138,15 @@ def test_bad_documented_overrides_would_fail():
         report.parser().parse_args(["results", "--budget-gb", "24"])
     with pytest.raises(QftError):
         config.validate(hydra_cfg(["data=local", "data.path=/no/such.csv"]))
+
+
+def test_gpu_check_runs_its_cpu_parts_and_names_what_it_skips():
+    import subprocess
+
+    res = subprocess.run(["bash", "scripts/gpu_check.sh"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ")[1] for line in res.stdout.splitlines()
+            if line.startswith("| ") and not line.startswith("| check")}
+    assert rows["NF4 forward/backward vs dequantized reference"] == "ok"
+    assert rows["offload=activations vs none (streams, pinned buffers, prefetch)"] == "ok"
+    assert rows["paged 8-bit AdamW"] == "skipped" and len(rows) == 9
