@@ -90,19 +90,29 @@ def _drug_reviews(cfg):
     return {"train": rows("drugsComTrain.tsv"), "test": rows("drugsComTest.tsv")}
 
 
+def read_table(path, key: str = "data.path"):
+    """A CSV / TSV / JSON / JSONL file as a `datasets` table; a bad file is a QftError naming `key`."""
+    path = Path(os.path.expanduser(str(path)))
+    kind = {".csv": "csv", ".json": "json", ".jsonl": "json", ".tsv": "csv"}.get(path.suffix)
+    if kind is None:
+        raise QftError(key, str(path), "allowed file types: .csv, .tsv, .json, .jsonl")
+    if not path.is_file():
+        raise QftError(key, str(path), "no such file")
+    import datasets
+
+    datasets.disable_progress_bars()  # a one-line error stays one line; the file is read in a blink
+    try:
+        return datasets.load_dataset(kind, data_files=str(path), split="train",
+                                     **({"delimiter": "\t"} if path.suffix == ".tsv" else {}))
+    except Exception as e:
+        raise QftError(key, str(path), f"not a readable {kind} file ({type(e).__name__}: "
+                                       f"{' '.join(str(e).split())[:200]})") from e
+
+
 def _local(cfg):
     """Any CSV / JSON / JSONL file with a text and a label column, read with `datasets`."""
     path = Path(os.path.expanduser(str(cfg.path)))
-    kind = {".csv": "csv", ".json": "json", ".jsonl": "json", ".tsv": "csv"}.get(path.suffix)
-    if kind is None:
-        raise QftError("data.path", str(path), "allowed file types: .csv, .tsv, .json, .jsonl")
-    import datasets
-
-    try:
-        ds = datasets.load_dataset(kind, data_files=str(path), split="train",
-                                   **({"delimiter": "\t"} if path.suffix == ".tsv" else {}))
-    except Exception as e:
-        raise QftError("data.path", str(path), f"not a readable {kind} file ({type(e).__name__}: {str(e)[:200]})") from e
+    ds = read_table(path)
     if cfg.task == "instruction":
         for col in ("instruction", "output"):
             if col not in ds.column_names:
@@ -349,16 +359,31 @@ def _check_room(cfg, frame: int, longest: int, room: int) -> None:
                        f"for the text")
 
 
-def prepare(cfg, tokenizer, cache_dir: str | Path) -> Task:
-    """Load, frame, tokenize and split; read from the on-disk cache when the same content was seen before."""
-    raw = SOURCES[cfg.source](cfg)
-    classification = cfg.task == "classification"
-    labels, label_words, label_tokens = _label_words(cfg, raw, tokenizer) if classification else ([], [], [])
+def _frame_ends(cfg, tokenizer, label_words: list[str]) -> tuple[str, str, list[int], list[int]]:
+    """The prompt's text and token ids before and after the example text."""
     instruction = cfg.instruction.format(labels=", ".join(label_words)) if cfg.instruction else None
     before, after = _template(tokenizer, instruction)
     prefix, suffix = _encode(tokenizer, before), _encode(tokenizer, after)
     if tokenizer.bos_token_id is not None and getattr(tokenizer, "add_bos_token", False) and not tokenizer.chat_template:
         prefix = [tokenizer.bos_token_id] + prefix
+    return before, after, prefix, suffix
+
+
+def frame_texts(cfg, tokenizer, texts: list[str], label_words: list[str]) -> tuple[list[list[int]], list[list[int]]]:
+    """New texts framed exactly as a classification run of `cfg` framed its examples: their prompts, and the
+    label words' tokens (qft.predict scores a trained adapter on them)."""
+    _, _, prefix, suffix = _frame_ends(cfg, tokenizer, label_words)
+    label_tokens = [_encode(tokenizer, w) for w in label_words]
+    room = cfg.max_length - len(prefix) - len(suffix) - max(map(len, label_tokens))
+    return [prefix + x + suffix for x in _encode_many(tokenizer, list(texts), room)], label_tokens
+
+
+def prepare(cfg, tokenizer, cache_dir: str | Path) -> Task:
+    """Load, frame, tokenize and split; read from the on-disk cache when the same content was seen before."""
+    raw = SOURCES[cfg.source](cfg)
+    classification = cfg.task == "classification"
+    labels, label_words, label_tokens = _label_words(cfg, raw, tokenizer) if classification else ([], [], [])
+    before, after, prefix, suffix = _frame_ends(cfg, tokenizer, label_words)
     if classification:  # fail on a too-short max_length before any example is tokenized
         _check_room(cfg, len(prefix) + len(suffix), max(map(len, label_tokens)),
                     cfg.max_length - len(prefix) - len(suffix) - max(map(len, label_tokens)))

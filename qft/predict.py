@@ -1,0 +1,107 @@
+"""Score new texts with a trained adapter: `python -m qft.predict RUN_DIR texts.csv [--out predictions.csv]`.
+
+The run's record says everything needed to rebuild what it scored with: the base model, quantized per layer type as
+the run quantized it, the adapter it saved (stock PEFT safetensors), the prompt frame, the text budget and the label
+words. Each text is framed and scored as the run's own test split was (qft.evaluate.label_scores), and one row per
+text is written: the text, the predicted label word, and the log-likelihood of every label word (and, where the file
+has a label column, the gold label; the accuracy is printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import sys
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+from qft import config, data, evaluate, model, record, run
+from qft.errors import QftError
+
+
+def load(run_dir: Path):
+    """The run's model (quantized base + its trained adapter), tokenizer, config and label words, for scoring."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    rec = record.read(run_dir)
+    if rec is None:
+        raise QftError("RUN_DIR", str(run_dir), f"no readable {record.RECORD} there: a run directory of python -m qft")
+    if rec.get("status") != "ok" or (rec.get("data") or {}).get("task") != "classification":
+        raise QftError("RUN_DIR", str(run_dir), "needs an ok classification run (its record says "
+                                                f"{rec.get('status')}, task {(rec.get('data') or {}).get('task')})")
+    cfg = OmegaConf.create(rec["config"])
+    cfg.cache_dir = os.environ.get("QFT_CACHE", "~/.cache/qft")  # this machine's cache, not the run's
+    device = torch.device(config.device(cfg))
+    source = model.resolve(cfg.model, cfg.cache_dir)
+    built = run.build(cfg, source, device)
+    weights = Path(rec.get("adapter_dir") or run_dir / "adapter") / "adapter_model.safetensors"
+    if built.params["total"]:
+        if not weights.is_file():
+            weights = run_dir / "adapter" / "adapter_model.safetensors"
+        if not weights.is_file():
+            raise QftError("RUN_DIR", str(run_dir), "its adapter/adapter_model.safetensors is missing")
+        missing = set_peft_model_state_dict(built.model, load_file(str(weights))).unexpected_keys
+        if missing:
+            raise QftError("RUN_DIR", str(run_dir), f"the saved adapter does not fit the rebuilt model: {missing[:3]}")
+    return built.model, model.load_tokenizer(source), cfg, rec["data"]["labels"], device
+
+
+def predict(run_dir: Path, texts: list[str], batch_size: int = 32) -> tuple[list[str], torch.Tensor, list[str]]:
+    """Predicted label words and the (n, labels) log-likelihoods of `texts` under the run's trained model."""
+    net, tokenizer, cfg, words, device = load(run_dir)
+    prompts, label_tokens = data.frame_texts(cfg.data, tokenizer, texts, words)
+    scores = evaluate.label_scores(net, prompts, label_tokens, tokenizer.pad_token_id, batch_size,
+                                   model.compute_dtype(cfg.quant.compute_dtype, device))
+    return [words[i] for i in scores.argmax(1).tolist()], scores.cpu(), words
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m qft.predict", description=__doc__.split("\n\n")[0])
+    ap.add_argument("run_dir", help="a run directory of python -m qft (result.json and adapter/)")
+    ap.add_argument("texts", help="a .csv, .tsv, .json or .jsonl file of texts")
+    ap.add_argument("--text-column", default=None, help="default: the run's data.text_column, else 'text'")
+    ap.add_argument("--label-column", default=None, help="gold labels (as the run's dataset names them), if any")
+    ap.add_argument("--out", default=None, help="default: TEXTS with .predictions.csv")
+    args = ap.parse_args(argv)
+    try:
+        run_dir = Path(args.run_dir)
+        table = data.read_table(args.texts, "TEXTS")
+        rec = record.read(run_dir) or {}
+        column = args.text_column or (rec.get("config") or {}).get("data", {}).get("text_column") or "text"
+        if column not in table.column_names:
+            column = "text" if args.text_column is None and "text" in table.column_names else column
+        if column not in table.column_names:
+            raise QftError("--text-column", column, f"columns of {args.texts}: {', '.join(table.column_names)}")
+        if args.label_column is not None and args.label_column not in table.column_names:
+            raise QftError("--label-column", args.label_column, f"columns of {args.texts}: "
+                                                                f"{', '.join(table.column_names)}")
+        texts = [str(t) for t in table[column]]
+        if not texts:
+            raise QftError("TEXTS", args.texts, "holds no rows")
+        preds, scores, words = predict(run_dir, texts)
+        out = Path(args.out or Path(args.texts).with_suffix(".predictions.csv"))
+        gold = None
+        if args.label_column:
+            mapping = dict((rec["config"]["data"].get("label_words") or {}))
+            gold = [str(mapping.get(str(g), g)) for g in table[args.label_column]]
+        with open(out, "w", newline="", encoding="utf-8") as f:
+            w = csv.writer(f)
+            w.writerow(["text", "prediction", *(["gold"] if gold else []), *[f"loglik_{x}" for x in words]])
+            for i, text in enumerate(texts):
+                w.writerow([text, preds[i], *([gold[i]] if gold else []), *[f"{v:.6f}" for v in scores[i].tolist()]])
+    except QftError as e:
+        print(f"qft.predict: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    line = f"qft.predict: {len(texts)} texts scored with {run_dir}'s adapter -> {out}"
+    if gold:
+        line += f"; accuracy {sum(p == g for p, g in zip(preds, gold)) / len(gold):.4f}"
+    print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
