@@ -14,10 +14,14 @@ from qft.config import CONF
 from qft.errors import QftError
 
 
+STARTED: list = []  # set once Hydra hands over: an OSError before that is Hydra's, making the output folder
+
+
 @hydra.main(config_path=CONF, config_name="config", version_base="1.3")
 def main(cfg) -> float | None:
     from qft.run import run
 
+    STARTED.append(True)
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
     sweeping = hc.mode == RunMode.MULTIRUN
@@ -85,6 +89,13 @@ def cli() -> None:
     except (HydraException, OmegaConfBaseException) as e:
         text = str(e).split("Config search path")[0]  # Hydra appends its search path: noise here
         print("qft: error: " + " ".join(line.strip() for line in text.splitlines() if line.strip()), file=sys.stderr)
+        sys.exit(2)
+    except OSError as e:
+        if STARTED:
+            raise
+        print(f"qft: error: hydra.run.dir={e.filename!r}: the output folder cannot be created "
+              f"({e.strerror or type(e).__name__}); choose a writable one (hydra.run.dir=... or hydra.sweep.dir=...)",
+              file=sys.stderr)
         sys.exit(2)
 
 

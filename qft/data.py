@@ -117,12 +117,22 @@ def _local(cfg):
         for col in ("instruction", "output"):
             if col not in ds.column_names:
                 raise QftError("data.path", str(path), f"instruction data needs columns instruction, input, output; found {ds.column_names}")
-        return {"all": [((str(r["instruction"]), str(r.get("input") or "")), str(r["output"])) for r in ds]}
+        kept = [((str(r["instruction"]), str(r.get("input") or "")), str(r["output"])) for r in ds
+                if r["instruction"] is not None and str(r["instruction"]).strip() and r["output"] is not None]
+        if len(kept) < len(ds):
+            print(f"qft: note: left out {len(ds) - len(kept)} of {len(ds)} rows of {path.name} whose instruction is "
+                  "empty or whose output is missing", file=sys.stderr)
+        return {"all": kept}
     for key in ("text_column", "label_column"):
         if cfg[key] not in ds.column_names:
             raise QftError(f"data.{key}", cfg[key], f"columns in {path.name}: {', '.join(ds.column_names)}")
-    return {"all": [(str(r[cfg.text_column]), str(r[cfg.label_column])) for r in ds
-                    if r[cfg.text_column] is not None and r[cfg.label_column] is not None]}
+    rows = [(r[cfg.text_column], r[cfg.label_column]) for r in ds]
+    kept = [(str(t), str(lab)) for t, lab in rows if t is not None and lab is not None and str(t).strip()
+            and str(lab).strip()]
+    if len(kept) < len(rows):
+        print(f"qft: note: left out {len(rows) - len(kept)} of {len(rows)} rows of {path.name} whose "
+              f"{cfg.text_column} or {cfg.label_column} cell is empty or missing", file=sys.stderr)
+    return {"all": kept}
 
 
 SOURCES = {

@@ -9,6 +9,7 @@ class QftError(Exception):
     """A user-fixable problem, named by the config key it concerns."""
 
     def __init__(self, key: str, value, allowed: str):
+        allowed = " ".join(str(allowed).split())  # a wrapped library message may run over several lines: one line
         self.key, self.value, self.allowed = key, value, allowed
         super().__init__(f"{key}={value!r}: {allowed}")
 

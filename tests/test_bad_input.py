@@ -126,3 +126,54 @@ def test_cli_hydra_errors_exit_2_with_one_line(tmp_path, args, needle):
     assert res.returncode == 2
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("qft: error: ") and needle in lines[0]
+
+
+def _rows(n=30):
+    return [(f"text number {i}", "good" if i % 2 else "bad") for i in range(n)]
+
+
+@pytest.mark.parametrize("name,content", [
+    ("empty_cells.csv", "review,stars\n,good\n\"   \",bad\n\"fine\",\n" + "".join(f'"{t}",{s}\n' for t, s in _rows())),
+    ("nulls.jsonl", '{"review": null, "stars": "good"}\n{"stars": "bad"}\n{"review": "x"}\n'
+                    + "".join(f'{{"review": "{t}", "stars": "{s}"}}\n' for t, s in _rows())),
+])
+def test_rows_with_empty_or_missing_cells_are_left_out_and_counted(tmp_path, capfd, name, content):
+    f = tmp_path / name
+    f.write_text(content)
+    rec = run.run(make_cfg("data=local", f"data.path={f}", "data.text_column=review", "data.label_column=stars",
+                           "data.train_size=20", "data.val_size=4", "data.test_size=6", "train.steps=1"), tmp_path / "r")
+    assert rec["status"] == "ok" and rec["data"]["sizes"] == {"train": 20, "val": 4, "test": 6}
+    assert "left out 3 of 33 rows" in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("name,content,key", [
+    ("only_empty.csv", "review,stars\n,a\n,b\n", "data.label_column"),   # nothing left: too few labels
+    ("broken.json", '{"review": "a", "stars": ', "data.path"),          # the reader's multi-line error, one line
+    ("no_column.csv", "body,stars\nhello,a\nbye,b\n", "data.text_column"),
+    ("empty.csv", "", "data.path"),
+])
+def test_bad_data_files_exit_2_with_one_line(tmp_path, name, content, key):
+    f = tmp_path / name
+    f.write_text(content)
+    res = cli("model=tiny_llama", "data=local", f"data.path={f}", "data.text_column=review", "data.label_column=stars",
+              "train.steps=1", cwd=tmp_path / "run")
+    assert res.returncode == 2, res.stderr[-1500:]
+    errors = [l for l in res.stderr.strip().splitlines() if l.startswith("qft: error")]
+    assert len(errors) == 1 and errors[0].startswith(f"qft: error: {key}=") and "Traceback" not in res.stderr
+    assert json.loads((tmp_path / "run" / "result.json").read_text())["status"] == "failed"
+
+
+@pytest.mark.parametrize("where", ["/proc/no/such/dir", "{file}/run"])
+def test_an_output_folder_that_cannot_be_made_exits_2_with_one_line(tmp_path, where):
+    (tmp_path / "file").write_text("a file, not a folder")
+    res = subprocess.run([sys.executable, "-m", "qft", "model=tiny_llama", "train.steps=1",
+                          f"hydra.run.dir={where.format(file=tmp_path / 'file')}"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("qft: error: hydra.run.dir=")
+
+
+def test_wrapped_library_errors_stay_one_line():
+    e = QftError("model.path", "/m", "weights are not loadable (OSError: first line\n  second line\n\nthird)")
+    assert "\n" not in str(e) and str(e).endswith("(OSError: first line second line third)")
