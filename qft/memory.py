@@ -32,7 +32,7 @@ from qft import layers as L
 from qft.errors import QftError
 from qft.model import DTYPES
 
-GB = 1024 ** 3  # offload.device_budget_gb is in GiB, as qft.pipeline reads it
+GiB = 1024 ** 3  # memory in GiB everywhere qft prints it (offload.device_budget_gb too); bandwidth in GiB/s
 ANSWER_TOKENS = 4  # classification answers, which the config alone cannot tokenize: a label word of up to 4 tokens
 
 
@@ -744,7 +744,7 @@ def suggestions(cfg, budget_bytes: float, source=None, answer_tokens: int | None
         m = next(k for k in range(min(off.micro_batches, t.batch_size), 0, -1) if t.batch_size % k == 0)
         for p in range(2, min(depth, 64) + 1):
             ch = {**base, "offload.mode": "pipeline", "offload.stages": p, "offload.micro_batches": m,
-                  "offload.device_budget_gb": budget_bytes / GB}
+                  "offload.device_budget_gb": budget_bytes / GiB}
             c = _with(cfg, ch)
             peak = _peak_of(c, source, answer_tokens)
             if peak is not None and peak <= budget_bytes:
@@ -792,17 +792,17 @@ def table(est: Estimate) -> str:
     lines = [f"{est.model} on {est.device} ({est.compute_dtype} compute), batch {est.batch} x seq {est.seq}, "
              f"answer {est.answer} tokens, {est.params:,} trainable parameters, offload.mode={est.mode}",
              "", "| component | GiB |", "|---|---:|"]
-    lines += [f"| {k} | {v / GB:.3f} |" for k, v in est.components.items()]
-    lines.append(f"| **peak{' (most loaded stage)' if len(est.stage_peaks) > 1 else ''}** | **{est.peak / GB:.3f}** |")
+    lines += [f"| {k} | {v / GiB:.3f} |" for k, v in est.components.items()]
+    lines.append(f"| **peak{' (most loaded stage)' if len(est.stage_peaks) > 1 else ''}** | **{est.peak / GiB:.3f}** |")
     if len(est.stage_peaks) > 1:
         edges = [0, *est.boundaries, est.layers]
         lines += ["", "| stage | layers | peak GiB | activations |", "|---|---|---:|---|"]
         for s, peak in enumerate(est.stage_peaks):
-            lines.append(f"| {s} | {edges[s]}-{edges[s + 1] - 1} | {peak / GB:.3f} | "
+            lines.append(f"| {s} | {edges[s]}-{edges[s + 1] - 1} | {peak / GiB:.3f} | "
                          f"{'host' if s in est.offloaded else 'device'} |")
     if est.host_bytes:
-        lines.append(f"\nhost memory for offloaded activations: {est.host_bytes / GB:.3f} GiB")
-    lines.append(f"evaluation (train.eval_batch_size, KV cache, no gradients): {est.eval_peak / GB:.3f} GiB")
+        lines.append(f"\nhost memory for offloaded activations: {est.host_bytes / GiB:.3f} GiB")
+    lines.append(f"evaluation (train.eval_batch_size, KV cache, no gradients): {est.eval_peak / GiB:.3f} GiB")
     return "\n".join(lines)
 
 
@@ -826,21 +826,21 @@ def main(argv=None) -> int:
             est, too_small = estimate(_with(cfg, {"offload.device_budget_gb": None}), source), True
         print(table(est))
         if budget_gb is not None:
-            budget_bytes = budget_gb * GB
+            budget_bytes = budget_gb * GiB
             fits = not too_small and est.peak <= budget_bytes
             print(f"\nbudget {budget_gb:g} GiB per device: training {'fits' if fits else 'does not fit'} "
-                  f"(peak {est.peak / GB:.3f} GiB)")
+                  f"(peak {est.peak / GiB:.3f} GiB)")
             if not fits:
                 rows = suggestions(cfg, budget_bytes, source)
                 print("\nwhat would fit (estimated peak per device):\n\n| overrides | peak GiB | fits |\n"
                       "|---|---:|---|")
                 for r in rows:
-                    peak = "-" if r["peak"] is None else f"{r['peak'] / GB:.3f}"
+                    peak = "-" if r["peak"] is None else f"{r['peak'] / GiB:.3f}"
                     print(f"| {r['overrides']} | {peak} | {'yes' if r['fits'] else 'no'} |")
             if est.mode != "pipeline" and est.eval_peak > budget_bytes:  # a pipeline scores on the host
                 b = _eval_batch_that_fits(cfg, source, budget_bytes)
-                print(f"\nevaluation does not fit ({est.eval_peak / GB:.3f} GiB): "
-                      + (f"train.eval_batch_size={b[0]} would ({b[1] / GB:.3f} GiB)" if b else
+                print(f"\nevaluation does not fit ({est.eval_peak / GiB:.3f} GiB): "
+                      + (f"train.eval_batch_size={b[0]} would ({b[1] / GiB:.3f} GiB)" if b else
                          "not even at train.eval_batch_size=1"))
     except QftError as e:
         print(f"qft.memory: error: {e}", file=sys.stderr)

@@ -38,7 +38,7 @@ def check(cfg) -> None:
         raise QftError("offload.prefetch", cfg.prefetch, "true or false")
     b = cfg.device_budget_gb
     if b is not None and (isinstance(b, bool) or not isinstance(b, (int, float)) or b <= 0):
-        raise QftError("offload.device_budget_gb", b, "a number of GB > 0, or null")
+        raise QftError("offload.device_budget_gb", b, "a number of GiB > 0, or null")
 
 
 class ActivationOffload(torch.autograd.graph.saved_tensors_hooks):

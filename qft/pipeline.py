@@ -29,7 +29,7 @@ from qft import offload
 from qft.errors import QftError
 from qft.model import autocast
 
-GB = 1024 ** 3
+GiB = 1024 ** 3  # memory in GiB (offload.device_budget_gb too); bandwidth in GB/s
 
 
 # --------------------------------------------------------------------------- planning
@@ -133,9 +133,9 @@ def plan_split(fixed, act, stages: int, micro_batches: int, schedule: str, ends=
             edges = [0, *bounds, n]
             return Plan(bounds, off, peaks, [[edges[s], edges[s + 1]] for s in range(stages)])
     smallest = max(split_for(candidates[-1])[1])
-    raise QftError("offload.device_budget_gb", round(budget / GB, 3),
+    raise QftError("offload.device_budget_gb", round(budget / GiB, 3),
                    f"too small for {stages} stages even with {'every' if offload_stages == 'auto' else 'the listed'}"
-                   f" stage offloaded; the smallest budget that fits is {smallest / GB:.3f} GB "
+                   f" stage offloaded; the smallest budget that fits is {smallest / GiB:.3f} GiB "
                    f"(or use more stages)")
 
 
@@ -161,7 +161,7 @@ def plan(cfg, model_type: str = "llama") -> Plan:
     split = o.split if isinstance(o.split, str) else list(o.split)
     if isinstance(split, str) and split not in ("memory", "uniform"):
         raise QftError("offload.split", split, "memory, uniform, or a list of stage boundaries")
-    budget = None if o.device_budget_gb is None else o.device_budget_gb * GB
+    budget = None if o.device_budget_gb is None else o.device_budget_gb * GiB
     stages_off = o.offload_stages if isinstance(o.offload_stages, str) else list(o.offload_stages)
     if isinstance(stages_off, str) and stages_off != "auto":
         raise QftError("offload.offload_stages", stages_off, "auto or a list of stage indices")

@@ -1100,8 +1100,8 @@ def main(argv=None) -> int:
               f"NVLink {server.nvlink_bandwidth / GB:.0f} GB/s pairs {list(map(list, server.nvlink_pairs))}); "
               f"{work.name}; placement {placement}\n\nper stage: fwd "
               + " ".join(f"{x.fwd_s:.3f}" for x in st) + " s, bwd " + " ".join(f"{x.bwd_s:.3f}" for x in st)
-              + " s, activations " + " ".join(f"{x.act_bytes / GB:.2f}" for x in st) + " GB/micro-batch, fixed "
-              + " ".join(f"{x.fixed_bytes / GB:.2f}" for x in st) + " GB")
+              + " s, activations " + " ".join(f"{x.act_bytes / GiB:.2f}" for x in st) + " GiB/micro-batch, fixed "
+              + " ".join(f"{x.fixed_bytes / GiB:.2f}" for x in st) + " GiB")
     print(header + "\n")
     print(format_table(table_rows(results, work)))
     if sweep_rows:

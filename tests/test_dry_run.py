@@ -64,9 +64,9 @@ def test_dry_run_lists_every_job_with_its_slurm_request_and_the_memory_models_pe
         peak = re.match(r"peak (\d+\.\d+) GiB per GPU \(evaluation (\d+\.\d+) GiB\): (fits|DOES NOT FIT) 80 GiB",
                         m.group(4))
         assert peak, m.group(4)
-        assert float(peak.group(1)) == round(est.peak / memory.GB, 3)
-        assert float(peak.group(2)) == round(est.eval_peak / memory.GB, 3)
-        assert (peak.group(3) == "fits") == (max(est.peak, est.eval_peak) <= 80 * memory.GB)
+        assert float(peak.group(1)) == round(est.peak / memory.GiB, 3)
+        assert float(peak.group(2)) == round(est.eval_peak / memory.GiB, 3)
+        assert (peak.group(3) == "fits") == (max(est.peak, est.eval_peak) <= 80 * memory.GiB)
     assert points == {(a, b) for a in grid for b in grid}
     assert "total: 16 jobs, 64 GPU-hours requested (16 x 1 GPU x 4 h, at most 32 at once)" in res.stdout
 
