@@ -134,12 +134,16 @@ def compare_configs(ok, key_a, key_b, margin: float = MARGIN, metric: str = "acc
     side has the seeds for an interval."""
     a, b = _seed_rows(ok, key_a), _seed_rows(ok, key_b)
     ea, eb = _examples(a, metric), _examples(b, metric)
+    once = {k for k, rows in (("a", a), ("b", b)) if _untrained(ok, rows)}  # one deterministic evaluation
     if ea and eb:
-        seeds = sorted(set(ea) & set(eb)) if len(ea) > 1 and len(eb) > 1 else None
+        seeds = None if once else sorted(set(ea) & set(eb))  # trained against trained: the seeds both have
         rows_a = [ea[s] for s in seeds] if seeds else list(ea.values())
         rows_b = [eb[s] for s in seeds] if seeds else list(eb.values())
-        if rows_a and rows_b and all(np.array_equal(x[0], rows_a[0][0]) for x in rows_a + rows_b):
-            return stats.paired(np.stack([x[1] for x in rows_a]), np.stack([x[1] for x in rows_b]), margin)
+        if (seeds is None or seeds) and all(np.array_equal(x[0], rows_a[0][0]) for x in rows_a + rows_b):
+            c = stats.paired(np.stack([x[1] for x in rows_a]), np.stack([x[1] for x in rows_b]), margin)
+            if not once and len(seeds) == 1:
+                c.method = "paired, 1 seed: training noise unseen"
+            return c
     acc = {k: ok.set_index("run_dir").acc_test[list(v.values())].to_numpy(float) for k, v in (("a", a), ("b", b))}
     if len(acc["a"]) > 1 and len(acc["b"]) > 1:
         return stats.welch(acc["a"], acc["b"], margin)
@@ -148,6 +152,10 @@ def compare_configs(ok, key_a, key_b, margin: float = MARGIN, metric: str = "acc
     if len(acc["b"]) > 1 and len(acc["a"]) == 1:
         return stats.versus_constant(acc["b"], acc["a"][0], margin).negated()
     return None
+
+
+def _untrained(ok, rows: dict) -> bool:
+    return bool(rows) and ok.set_index("run_dir").params.reindex(list(rows.values())).fillna(0).eq(0).all()
 
 
 def _examples(rows: dict, metric: str) -> dict | None:
@@ -181,33 +189,50 @@ def read_plan(path: Path) -> dict:
     return {"metric": "accuracy", "margin": MARGIN, "alpha": 0.05, **plan}
 
 
+def _contrast_keys(ok, contrast: dict) -> list:
+    """The configuration keys of a contrast's cells a and b (None where no single configuration matches); a cell
+    names columns of the table or dotted config keys."""
+    keys = []
+    for side in ("a", "b"):
+        hit = ok[[all(_equal(r[k] if k in r else r.get(f"cfg.{k}"), v) for k, v in contrast[side].items())
+                  for _, r in ok.iterrows()]]
+        keys.append(hit.config_key.iloc[0] if hit.config_key.nunique() == 1 else None)
+    return keys
+
+
 def contrasts(df, g, plan: dict) -> tuple[list[dict], str]:
-    """The declared contrasts with Holm across them, and their markdown table."""
+    """The declared contrasts with Holm across them, and their markdown table; where every contrast is paired and
+    the metric is accuracy, the gold label's log-likelihood (continuous, more power) beside it, Holm across the
+    same family, equivalence only within a declared `loglik_margin`."""
     ok = df[df.status == "ok"]
-    found, comps = [], []
-    for c in plan["contrasts"]:
-        keys = []
-        for side in ("a", "b"):  # a cell names columns of the table or dotted config keys
-            hit = ok[[all(_equal(r[k] if k in r else r.get(f"cfg.{k}"), v) for k, v in c[side].items())
-                      for _, r in ok.iterrows()]]
-            keys.append(hit.config_key.iloc[0] if hit.config_key.nunique() == 1 else None)
-        comp = compare_configs(ok, *keys, plan["margin"], plan["metric"]) if None not in keys else None
-        found.append((c, comp))
-        if comp is not None:
-            comps.append(comp)
-    stats.holm(comps)
-    rows = [{"name": c["name"], **({} if comp is None else comp.as_dict())} for c, comp in found]
+    keys = [_contrast_keys(ok, c) for c in plan["contrasts"]]
+    found = [(c, compare_configs(ok, *k, plan["margin"], plan["metric"]) if None not in k else None)
+             for c, k in zip(plan["contrasts"], keys)]
+    comps = stats.holm([comp for _, comp in found if comp is not None])
+    loglik = {}
+    if plan["metric"] == "accuracy" and comps and all(c.method == "paired-crossed" for c in comps):
+        loglik = {i: compare_configs(ok, *k, plan.get("loglik_margin", 0.0), "loglik")
+                  for i, ((_, comp), k) in enumerate(zip(found, keys)) if comp is not None}
+        stats.holm(list(loglik.values()))
+    rows = [{"name": c["name"], **({} if comp is None else comp.as_dict()),
+             **({"loglik": loglik[i].as_dict()} if i in loglik else {})} for i, (c, comp) in enumerate(found)]
     lines = [f"Declared contrasts ({plan['metric']}, margin ±{plan['margin']:g}, alpha {plan['alpha']:g}, Holm across "
              f"the {len(comps)} that could be computed):", "",
-             "| contrast | a - b | 95% CI | p | Holm p | verdict | method | seeds | examples |", "|---|---|---|---|---|---|---|---|---|"]
-    for c, comp in found:
+             "| contrast | a - b | 95% CI | p | Holm p | verdict | method | seeds | examples |"
+             + (" gold log-lik a - b [95% CI], Holm p |" if loglik else ""),
+             "|---|---|---|---|---|---|---|---|---|" + ("---|" if loglik else "")]
+    for i, (c, comp) in enumerate(found):
         if comp is None:
             lines.append(f"| {c['name']} | - | - | - | - | not computable: a cell has no records or no seeds for an "
-                         "interval | | | |")
+                         "interval | | | |" + (" |" if loglik else ""))
             continue
         v = f"equivalent within ±{comp.margin:g}" if comp.verdict == "equivalent" else comp.verdict
+        extra = ""
+        if i in loglik:
+            x = loglik[i]
+            extra = f" {x.diff:+.4f} [{x.low:+.4f}, {x.high:+.4f}], {x.p_adj:.3g} |"
         lines.append(f"| {c['name']} | {comp.diff:+.4f} | [{comp.low:+.4f}, {comp.high:+.4f}] | {comp.p:.3g} | "
-                     f"{comp.p_adj:.3g} | {v} | {comp.method} | {comp.n_seeds} | {comp.n_examples or '-'} |")
+                     f"{comp.p_adj:.3g} | {v} | {comp.method} | {comp.n_seeds} | {comp.n_examples or '-'} |{extra}")
     return rows, "\n".join(lines) + "\n"
 
 

@@ -155,6 +155,7 @@ def test_report_table_and_plots(tmp_path):
     row = json.loads((tmp_path / "out2" / "contrasts.json").read_text())[0]
     assert row["method"] == "paired-crossed" and row["n_seeds"] == 2 and row["n_examples"] == 10
     assert row["verdict"] in ("differs", "equivalent", "inconclusive") and row["p_adj"] == row["p"]
+    assert row["loglik"]["method"] == "paired-crossed" and row["loglik"]["verdict"] != "equivalent"  # no margin: never
     for name in ("accuracy_vs_params", "rank_heatmap"):
         assert files[name].stat().st_size > 10_000 and files[name].read_bytes()[:4] == b"\x89PNG"
 
