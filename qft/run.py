@@ -118,8 +118,12 @@ def _train_and_score(cfg, run_dir: Path, config_hash: str, task, tokenizer, buil
     net = built.model
     dtype = model.compute_dtype(cfg.quant.compute_dtype, device)
 
-    def acc(split: str) -> float:
-        return evaluate.accuracy(net, task, split, tokenizer, cfg.train.eval_batch_size, dtype)
+    def acc(split: str) -> tuple[float, float | None]:
+        """Accuracy and the mean log-likelihood of the gold label (None for instruction data): the learning curve."""
+        scored = evaluate.score(net, task, split, tokenizer, cfg.train.eval_batch_size, dtype)
+        ex = scored["examples"]
+        ll = float(ex["loglik"][np.arange(len(ex["gold"])), ex["gold"]].mean()) if "loglik" in ex else None
+        return scored["accuracy"], ll
 
     examples = {}  # per-example scores, "phase.split" -> arrays, written beside the record
 
@@ -157,6 +161,7 @@ def _train_and_score(cfg, run_dir: Path, config_hash: str, task, tokenizer, buil
         "pipeline_measured": measured,
         "loss_curve": history.loss,
         "val_curve": history.val_accuracy,
+        "val_loglik_curve": history.val_loglik,
         "steps": history.step,
         "train_tokens": history.train_tokens,
         "train_tokens_per_second": history.train_tokens / max(history.train_seconds, 1e-9),

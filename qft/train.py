@@ -82,6 +82,7 @@ def tune_host_allocator(cfg) -> bool:
 class History:
     loss: list = field(default_factory=list)  # [step, mean answer-token loss]
     val_accuracy: list = field(default_factory=list)  # [step, accuracy]
+    val_loglik: list = field(default_factory=list)  # [step, mean log-likelihood of the gold label]
     train_tokens: int = 0
     train_seconds: float = 0.0
     completed: bool = False
@@ -226,7 +227,8 @@ def finish_step(history: History, params, opt, sched, mean: float, tokens: int, 
 
 def train(model, task: Task, cfg, run_dir: Path, dtype: torch.dtype, pad_id: int, seed: int,
           config_hash: str, evaluate=None, track=None, offload_cfg=None) -> History:
-    """Fine-tune the trainable (adapter) parameters; `evaluate(split)` is called every `eval_every` steps
+    """Fine-tune the trainable (adapter) parameters; `evaluate(split)` (accuracy, or (accuracy, mean gold-label
+    log-likelihood)) is called every `eval_every` steps
     and `track(metrics, step)` after every step."""
     params = [p for p in model.parameters() if p.requires_grad]
     opt = _optimizer(cfg, params)
@@ -261,8 +263,13 @@ def train(model, task: Task, cfg, run_dir: Path, dtype: torch.dtype, pad_id: int
         last = history.step == cfg.steps
         metrics = {"train/loss": mean, "train/lr": lr, "train/tokens_per_s": tokens_per_s}
         if evaluate and cfg.eval_every and history.step % cfg.eval_every == 0 and not last:
-            history.val_accuracy.append([history.step, evaluate("val")])
-            metrics["val/accuracy"] = history.val_accuracy[-1][1]
+            scored = evaluate("val")
+            acc, loglik = scored if isinstance(scored, tuple) else (scored, None)
+            history.val_accuracy.append([history.step, acc])
+            metrics["val/accuracy"] = acc
+            if loglik is not None:
+                history.val_loglik.append([history.step, loglik])
+                metrics["val/gold_loglik"] = loglik
         if track:
             track(metrics, history.step)
         stop = cfg.stop_after_steps and history.step - started_at >= cfg.stop_after_steps and not last

@@ -253,3 +253,11 @@ def test_record_keeps_per_example_scores_and_what_executed_it(tmp_path):
     assert len(set(test["id"])) == 15
     e = rec["execution"]
     assert e["threads"] == torch.get_num_threads() and e["compute_dtype"] in ("bf16", "fp32") and e["cpu_kind"]
+
+
+def test_learning_curve_records_val_accuracy_and_gold_loglik(tmp_path):
+    rec = run.run(make_cfg(*[o for o in RUN if not o.startswith("train.eval_every")], "train.eval_every=2"), tmp_path)
+    assert [s for s, _ in rec["val_curve"]] == [s for s, _ in rec["val_loglik_curve"]] == [2, 4]
+    assert all(v < 0 for _, v in rec["val_loglik_curve"])  # log-likelihoods of the gold label
+    # the curve's last point is the model after step 4; the final score is after step 6: both from one scorer
+    assert rec["val_curve"][-1][1] * 10 == round(rec["val_curve"][-1][1] * 10)  # k of the 10 val examples
