@@ -141,12 +141,13 @@ def cpu_kind() -> tuple[str, str]:
     return cpu, next((k for k in ("amx_bf16", "avx512_bf16", "avx512f", "avx2") if k in flags), platform.machine())
 
 
-def execution(cfg) -> dict:
-    """What executed a run, outside its hash: qft's commit (and whether its code was edited), the CPU and its
-    kind, the thread count and the compute dtype. One comparison must not mix CPU kinds or compute dtypes."""
-    import torch
-
+def _code_identity() -> dict:
+    """qft's commit, whether qft/ or conf/ differed from it, and a digest of the qft/ and conf/ files as this
+    process read them at import: the code that runs, even when the checkout moves on during a sweep."""
     root = Path(__file__).resolve().parent.parent
+    files = sorted([*(root / "qft").rglob("*.py"), *(root / "conf").rglob("*.yaml")])
+    digest = hashlib.sha256(b"".join(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes()
+                                     for f in files)).hexdigest()[:16]
     commit = dirty = None
     try:
         git = ["git", "-C", str(root)]
@@ -156,8 +157,19 @@ def execution(cfg) -> dict:
                                         capture_output=True, text=True, timeout=10).stdout.strip())
     except (OSError, subprocess.SubprocessError):
         pass
+    return {"qft_commit": commit, "qft_edited": dirty, "qft_source": digest}
+
+
+_CODE = _code_identity()
+
+
+def execution(cfg) -> dict:
+    """What executed a run, outside its hash: qft's code (commit, edits, source digest, as imported), the CPU and
+    its kind, the thread count and the compute dtype. One comparison must not mix CPU kinds or compute dtypes."""
+    import torch
+
     cpu, kind = cpu_kind()
-    return {"qft_commit": commit, "qft_edited": dirty, "qft_version": versions_of(("qft",))["qft"], "cpu": cpu,
+    return {**_CODE, "qft_version": versions_of(("qft",))["qft"], "cpu": cpu,
             "cpu_kind": kind, "threads": torch.get_num_threads(), "compute_dtype": cfg.quant.compute_dtype,
             "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
 

@@ -53,7 +53,8 @@ def row(rec: dict, path: Path) -> dict:
          "acc_test": final.get("test"), "acc_val": final.get("val"), "zero_shot_test": zero.get("test"),
          "tokens_per_s": rec.get("train_tokens_per_second"), "peak_rss_bytes": (rec.get("memory") or {}).get("peak_rss_bytes"),
          "wall_seconds": rec.get("wall_seconds"), "base_bytes": (rec.get("base_bytes") or {}).get("total"),
-         "cpu_kind": (rec.get("execution") or {}).get("cpu_kind"), "qft_commit": (rec.get("execution") or {}).get("qft_commit"),
+         "cpu_kind": (rec.get("execution") or {}).get("cpu_kind"),
+         "qft_commit": (rec.get("execution") or {}).get("qft_source") or (rec.get("execution") or {}).get("qft_commit"),
          "has_examples": bool(rec.get("examples")) and (path.parent / rec["examples"]).is_file()}
     flat = flatten(rec.get("config") or {})
     for key, short in AXES.items():
@@ -428,7 +429,7 @@ def _provenance(ok) -> list[str]:
         notes.append(f"- these records span CPU kinds: {', '.join(kinds)}")
     commits = sorted({str(c)[:10] for c in ok.get("qft_commit", []) if c})
     if len(commits) > 1:
-        notes.append(f"- these records span qft commits: {', '.join(commits)}")
+        notes.append(f"- these records span qft code versions (source digest, else commit): {', '.join(commits)}")
     missing = int((~ok.has_examples).sum()) if "has_examples" in ok else 0
     if missing:
         notes.append(f"- {missing} of {len(ok)} records keep no per-example scores (made before they were kept): "
