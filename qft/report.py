@@ -65,7 +65,26 @@ def row(rec: dict, path: Path) -> dict:
         else:
             r[f"budget_r_{g}"] = v
     r.update({f"cfg.{k}": v for k, v in flat.items()})
+    if r["has_examples"]:
+        r.update(class_scores(read_examples(path.parent, rec).get("final.test"), (rec.get("data") or {}).get("labels")))
     return r
+
+
+def class_scores(t: dict | None, labels: list | None) -> dict:
+    """Macro-F1 and each class's accuracy (recall) on a split's per-example predictions: beside accuracy where the
+    classes are unbalanced (Reuters R8's test split is 49% earnings)."""
+    if not t or "pred" not in t or not labels:
+        return {}
+    gold, pred = t["gold"], t["pred"]
+    out, f1 = {}, []
+    for c, name in enumerate(labels):
+        n_gold, n_pred, tp = int((gold == c).sum()), int((pred == c).sum()), int(((gold == c) & (pred == c)).sum())
+        if n_gold == 0:
+            continue
+        out[f"acc_class_{name}"] = tp / n_gold
+        f1.append(2 * tp / (n_gold + n_pred))  # 2 precision recall / (precision + recall)
+    out["macro_f1_test"] = float(np.mean(f1)) if f1 else None
+    return out
 
 
 def collect(paths) -> "pd.DataFrame":
@@ -103,6 +122,8 @@ def grouped(df, versus: dict | None = None, within: tuple = (), margin: float = 
     out["ci95"] = [stats.t_quantile(n - 1) * sd / math.sqrt(n) if n > 1 else float("nan")
                    for n, sd in zip(out.n_seeds, out.acc_sd)]
     out["tokens_per_s"] = g.tokens_per_s.mean()
+    if "macro_f1_test" in ok:
+        out["macro_f1"] = g.macro_f1_test.mean()
     out = out.sort_values([*within, "params", "acc_mean"]).reset_index()
     out["vs_ref"], comparisons = -1, {}
     for _, part in (out.groupby(list(within), sort=False) if within else [(None, out)]):
@@ -400,17 +421,19 @@ def markdown(g, df, versus: dict | None = None, within: tuple = (), margin: floa
             *([f"params_{t}" for t in THIRDS] if _uneven_depth(g) else []), "params"]
     name = "vs " + (",".join(f"{k}={v}" for k, v in versus.items()) if versus else "best") \
         + (f" (per {', '.join(within)})" if within else "")
-    lines = ["| " + " | ".join(cols + ["n", "test acc", "95% CI", name, "tokens/s"]) + " |",
-             "|" + "---|" * (len(cols) + 5)]
+    f1 = "macro_f1" in g and g.macro_f1.notna().any()
+    lines = ["| " + " | ".join(cols + ["n", "test acc", "95% CI", *(["macro-F1"] if f1 else []), name, "tokens/s"]) + " |",
+             "|" + "---|" * (len(cols) + 5 + f1)]
     for _, r in g.iterrows():
         ci = "one evaluation" if r.n_seeds == 1 and (r.params or 0) == 0 else "" if math.isnan(r.ci95) else f"±{r.ci95:.3f}"
         lines.append("| " + " | ".join(str(r[c]) if not isinstance(r[c], float) else f"{r[c]:g}" for c in cols)
-                     + f" | {r.n_seeds} | {r.acc_mean:.3f} | {ci} | {_vs(r, versus)} | {r.tokens_per_s:.0f} |")
+                     + f" | {r.n_seeds} | {r.acc_mean:.3f} | {ci} |" + ((" |" if math.isnan(r.macro_f1) else f" {r.macro_f1:.3f} |") if f1 else "")
+                     + f" {_vs(r, versus)} | {r.tokens_per_s:.0f} |")
     failed = df[df.status != "ok"]
     methods = sorted({m for m in g.vs_method if m})
     n = int((g.vs_verdict != "").sum())
     head = (f"{len(df)} runs: {int((df.status == 'ok').sum())} ok, {len(failed)} not ok. Test accuracy: mean over seeds "
-            f"with its 95% t interval (an untrained cell is one evaluation). **Exploratory**: {name} is the difference "
+            f"with its 95% t interval (an untrained cell is one evaluation){'; macro-F1: mean over seeds' if f1 else ''}. **Exploratory**: {name} is the difference "
             f"from the {'reference' if versus else 'best'} configuration{' of its group' if within else ''}, its 95% "
             f"interval (unadjusted), its Holm-adjusted p across these {n} comparisons and a verdict (differs / "
             f"equivalent within ±{margin:g} / inconclusive) from the adjusted tests ({', '.join(methods) or 'none'}; paired-crossed: per-example over seeds and examples, "

@@ -120,3 +120,14 @@ def test_power_cli_on_records_without_per_example_scores():
                          text=True, timeout=120)
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
         "qft.power: error: RECORDS='/no/such/folder': a folder of result records (result.json) or one record"]
+
+
+def test_macro_f1_and_per_class_accuracy_by_hand():
+    from qft import report
+
+    gold = np.array([0, 0, 0, 1, 1, 2])
+    pred = np.array([0, 0, 1, 1, 2, 2])
+    got = report.class_scores({"gold": gold, "pred": pred}, ["a", "b", "c", "d"])  # d never occurs: left out
+    # a: P 2/2 R 2/3 F1 0.8; b: P 1/2 R 1/2 F1 0.5; c: P 1/2 R 1/1 F1 2/3
+    assert got["acc_class_a"] == pytest.approx(2 / 3) and got["acc_class_c"] == 1.0 and "acc_class_d" not in got
+    assert got["macro_f1_test"] == pytest.approx((0.8 + 0.5 + 2 / 3) / 3)
