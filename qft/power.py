@@ -57,7 +57,8 @@ def by_config(recs, metric: str) -> dict:
         if not (rec.get("trainable_params") or {}).get("total"):
             continue  # an untrained cell has no seed noise: it would shrink the seed component
         key = record.config_hash(rec["config"], ignore=("seed",), inputs_=rec.get("inputs") or {})
-        out.setdefault(key, {})[rec["seed"]] = scores(run_dir, rec, metric) or (None, float(rec["final_accuracy"]["test"]))
+        ids, per_example = scores(run_dir, rec, metric) or (None, None)
+        out.setdefault(key, {})[rec["seed"]] = (ids, per_example, float(rec["final_accuracy"]["test"]))
     return out
 
 
@@ -118,14 +119,16 @@ def plan(paths, delta: float, margin: float, alpha: float, family: int, cells: i
              f"(planned at {a:.3g} each), 80% power; {cells} cells"]
     comp = components(configs)
     if comp is None:
-        acc = [[v[1] for v in c.values()] for c in configs.values() if len(c) >= 2]
+        acc = [[v[2] for v in c.values()] for c in configs.values() if len(c) >= 2]
         if not acc:
             raise QftError("RECORDS", " ".join(map(str, paths)), "needs at least two seeds of one configuration")
         sd = math.sqrt(np.mean([np.var(x, ddof=1) for x in acc]))
         n_test = int(np.median([(r.get("data") or {}).get("sizes", {}).get("test", 0) for _, r in recs]))
-        lines.append(f"no per-example scores in these records (made before they were kept): the seed-to-seed SD of "
-                     f"test accuracy is {sd:.4f} at {n_test} test examples, and seed and example noise cannot be "
-                     f"told apart; the test size stays {n_test}.")
+        why = "no per-example scores in these records (made before they were kept)" if not any(
+            v[0] is not None for c in configs.values() for v in c.values()) else \
+            "no two trained configurations share two seeds with per-example scores"
+        lines.append(f"{why}: the seed-to-seed SD of test accuracy is {sd:.4f} at {n_test} test examples, and seed and "
+                     f"example noise cannot be told apart; the test size stays {n_test}.")
         comp_w = {"seed": 2 * sd * sd, "example": 0.0, "residual": 0.0, "unpaired": True}  # both sides' variance
         sizes = (n_test,)
         comp = comp_w

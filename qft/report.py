@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 THIRDS = ("shallow", "middle", "deep")
 MARGIN = 0.02  # the default equivalence margin, in accuracy
+MIN_SEEDS = 3  # seeds both trained cells need for a paired verdict (2 under-cover; 1 cannot see training noise)
 THIRD_ALPHAS = tuple(f"{t}_alpha" for t in THIRDS)
 # the config keys a layer-sensitivity study varies, and their short column names
 AXES = {"adapter.attn.r": "attn_r", "adapter.mlp.r": "mlp_r", "adapter.attn.alpha": "attn_alpha",
@@ -109,7 +110,7 @@ def grouped(df, versus: dict | None = None, within: tuple = (), margin: float = 
     Comparisons are paired over seeds and test examples where both sides kept per-example scores, Welch over seeds
     otherwise; their p-values are Holm-adjusted across the table, which is exploratory (a study's declared
     contrasts are in `contrasts`)."""
-    ok = df[df.status == "ok"].copy()
+    ok = df[df.status == "ok"].drop_duplicates(["config_key", "seed"], keep="last").copy()  # one record a seed
     keep = ["params", "params_attn", "params_mlp", *[f"params_{t}" for t in THIRDS], "adapted",
             *[a for a in AXES.values() if ok[a].notna().any()]]
     for col in [*(versus or {}), *within]:
@@ -132,14 +133,14 @@ def grouped(df, versus: dict | None = None, within: tuple = (), margin: float = 
             out.loc[i, "vs_ref"] = -1 if ref is None else ref
             if ref is not None and i != ref:
                 comparisons[i] = compare_configs(ok, out.config_key[i], out.config_key[ref], margin)
-    stats.holm([c for c in comparisons.values() if c is not None])
+    stats.holm(list(comparisons.values()))
     for col in ("vs_diff", "vs_low", "vs_high", "vs_p_adj"):
         out[col] = float("nan")
     out["vs_verdict"], out["vs_method"] = "", ""
     for i, c in comparisons.items():
         if c is not None:
             out.loc[i, ["vs_diff", "vs_low", "vs_high", "vs_p_adj"]] = [c.diff, c.low, c.high, c.p_adj]
-            out.loc[i, ["vs_verdict", "vs_method"]] = [c.verdict, c.method]
+            out.loc[i, ["vs_verdict", "vs_method"]] = [c.word(), c.method]
     return out
 
 
@@ -159,21 +160,29 @@ def compare_configs(ok, key_a, key_b, margin: float = MARGIN, metric: str = "acc
     once = {k for k, rows in (("a", a), ("b", b)) if _untrained(ok, rows)}  # one deterministic evaluation
     if ea and eb:
         seeds = None if once else sorted(set(ea) & set(eb))  # trained against trained: the seeds both have
+        if seeds is not None and len(seeds) < MIN_SEEDS:
+            return None  # with fewer seeds the crossed model cannot see training noise well enough for a verdict
         rows_a = [ea[s] for s in seeds] if seeds else list(ea.values())
         rows_b = [eb[s] for s in seeds] if seeds else list(eb.values())
-        if (seeds is None or seeds) and all(np.array_equal(x[0], rows_a[0][0]) for x in rows_a + rows_b):
-            c = stats.paired(np.stack([x[1] for x in rows_a]), np.stack([x[1] for x in rows_b]), margin)
-            if not once and len(seeds) == 1:
-                c.method = "paired, 1 seed: training noise unseen"
-            return c
+        if all(np.array_equal(x[0], rows_a[0][0]) for x in rows_a + rows_b):
+            return stats.paired(np.stack([x[1] for x in rows_a]), np.stack([x[1] for x in rows_b]), margin)
+    if metric != "accuracy":
+        return None  # a log-likelihood comparison needs per-example scores
+    if ea and eb:
+        return None  # per-example scores on different examples: no comparison rather than a wrong one
+    # records without per-example scores: over seeds only, which holds the test set fixed (its sampling noise is
+    # not in the interval), so the method says so
     acc = {k: ok.set_index("run_dir").acc_test[list(v.values())].to_numpy(float) for k, v in (("a", a), ("b", b))}
+    c = None
     if len(acc["a"]) > 1 and len(acc["b"]) > 1:
-        return stats.welch(acc["a"], acc["b"], margin)
-    if len(acc["a"]) > 1 and len(acc["b"]) == 1:
-        return stats.versus_constant(acc["a"], acc["b"][0], margin)
-    if len(acc["b"]) > 1 and len(acc["a"]) == 1:
-        return stats.versus_constant(acc["b"], acc["a"][0], margin).negated()
-    return None
+        c = stats.welch(acc["a"], acc["b"], margin)
+    elif len(acc["a"]) > 1 and len(acc["b"]) == 1:
+        c = stats.versus_constant(acc["a"], acc["b"][0], margin)
+    elif len(acc["b"]) > 1 and len(acc["a"]) == 1:
+        c = stats.versus_constant(acc["b"], acc["a"][0], margin).negated()
+    if c is not None:
+        c.method += ", this test set"
+    return c
 
 
 def _untrained(ok, rows: dict) -> bool:
@@ -188,6 +197,8 @@ def _examples(rows: dict, metric: str) -> dict | None:
         t = (ex or {}).get("final.test")
         if t is None:
             return None
+        if metric != "accuracy" and "loglik" not in t:
+            return None  # instruction data: exact match only
         out[seed] = (t["id"], t["correct"].astype(float) if metric == "accuracy"
                      else t["loglik"][np.arange(len(t["gold"])), t["gold"]])
     return out
@@ -230,25 +241,30 @@ def contrasts(df, g, plan: dict) -> tuple[list[dict], str]:
     keys = [_contrast_keys(ok, c) for c in plan["contrasts"]]
     found = [(c, compare_configs(ok, *k, plan["margin"], plan["metric"]) if None not in k else None)
              for c, k in zip(plan["contrasts"], keys)]
-    comps = stats.holm([comp for _, comp in found if comp is not None])
+    stats.holm([comp for _, comp in found])  # the whole declared family, a missing contrast as p = 1
+    comps = [comp for _, comp in found if comp is not None]
+    for comp in comps:
+        comp.alpha = plan["alpha"]
     loglik = {}
     if plan["metric"] == "accuracy" and comps and all(c.method == "paired-crossed" for c in comps):
-        loglik = {i: compare_configs(ok, *k, plan.get("loglik_margin", 0.0), "loglik")
-                  for i, ((_, comp), k) in enumerate(zip(found, keys)) if comp is not None}
+        loglik = {i: compare_configs(ok, *k, plan.get("loglik_margin", 0.0), "loglik") if None not in k else None
+                  for i, k in enumerate(keys)}
         stats.holm(list(loglik.values()))
+        loglik = {i: x for i, x in loglik.items() if x is not None}
     rows = [{"name": c["name"], **({} if comp is None else comp.as_dict()),
              **({"loglik": loglik[i].as_dict()} if i in loglik else {})} for i, (c, comp) in enumerate(found)]
     lines = [f"Declared contrasts ({plan['metric']}, margin ±{plan['margin']:g}, alpha {plan['alpha']:g}, Holm across "
-             f"the {len(comps)} that could be computed):", "",
+             f"all {len(found)}, {len(found) - len(comps)} of them not computable). Equivalence is TOST at alpha: the "
+             f"{100 - 200 * plan['alpha']:g}% interval inside ±margin; the 95% interval is shown.", "",
              "| contrast | a - b | 95% CI | p | Holm p | verdict | method | seeds | examples |"
              + (" gold log-lik a - b [95% CI], Holm p |" if loglik else ""),
              "|---|---|---|---|---|---|---|---|---|" + ("---|" if loglik else "")]
     for i, (c, comp) in enumerate(found):
         if comp is None:
-            lines.append(f"| {c['name']} | - | - | - | - | not computable: a cell has no records or no seeds for an "
-                         "interval | | | |" + (" |" if loglik else ""))
+            lines.append(f"| {c['name']} | - | - | - | - | not computable: a cell has no records, or fewer than "
+                         f"{MIN_SEEDS} seeds both cells share | | | |" + (" |" if loglik else ""))
             continue
-        v = f"equivalent within ±{comp.margin:g}" if comp.verdict == "equivalent" else comp.verdict
+        v = comp.word()
         extra = ""
         if i in loglik:
             x = loglik[i]
@@ -437,8 +453,9 @@ def markdown(g, df, versus: dict | None = None, within: tuple = (), margin: floa
             f"from the {'reference' if versus else 'best'} configuration{' of its group' if within else ''}, its 95% "
             f"interval (unadjusted), its Holm-adjusted p across these {n} comparisons and a verdict (differs / "
             f"equivalent within ±{margin:g} / inconclusive) from the adjusted tests ({', '.join(methods) or 'none'}; paired-crossed: per-example over seeds and examples, "
-            "welch: over seeds only, for records without per-example scores). A study's declared contrasts are in "
-            "contrasts.md.")
+            "welch / one-sample, this test set: over seeds only, for records without per-example scores, so the test set's "
+            "own sampling noise is not in the interval). The reference is the best cell on this same test set, which "
+            "biases toward \"differs\": exploratory. A study's declared contrasts are in contrasts.md.")
     tail = [f"- {r.run_dir}: {r.status} {r.error or ''}" for _, r in failed.iterrows()]
     notes = _provenance(df[df.status == "ok"])
     return "\n".join([head, "", *lines, *([""] + notes if notes else []), *([""] + tail if tail else [])]) + "\n"

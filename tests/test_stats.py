@@ -80,13 +80,16 @@ def simulated_study(rng, seeds=3, examples=200, delta=0.03, binary=True):
 
 @pytest.mark.parametrize("binary,delta", [(True, 0.03), (True, 0.0), (False, 0.05)])
 def test_paired_intervals_cover_a_known_effect(binary, delta):
+    """Never anticonservative (>= 0.93); at 3 seeds the seed mean square has 2 degrees of freedom, so where seed
+    noise is small the interval is conservative (0.97-0.98 measured here), the price of not under-covering (0.92)
+    where it is large."""
     rng = np.random.default_rng(7)
     hits = 0
     for _ in range(1000):
         a, b = simulated_study(rng, delta=delta, binary=binary)
         c = stats.paired(a, b)
         hits += c.low <= delta <= c.high
-    assert 0.93 <= hits / 1000 <= 0.97, hits
+    assert 0.93 <= hits / 1000 <= 0.985, hits
 
 
 def test_three_verdicts():
@@ -131,3 +134,31 @@ def test_macro_f1_and_per_class_accuracy_by_hand():
     # a: P 2/2 R 2/3 F1 0.8; b: P 1/2 R 1/2 F1 0.5; c: P 1/2 R 1/1 F1 2/3
     assert got["acc_class_a"] == pytest.approx(2 / 3) and got["acc_class_c"] == 1.0 and "acc_class_d" not in got
     assert got["macro_f1_test"] == pytest.approx((0.8 + 0.5 + 2 / 3) / 3)
+
+
+def test_paired_intervals_cover_with_a_thousand_examples_and_seed_noise():
+    """The committed design's shape with a large test split, where the seed term matters: 3 seeds, 1,000 examples."""
+    rng = np.random.default_rng(11)
+    hits = 0
+    for _ in range(1000):
+        q = rng.normal(-1.0, 1.0, 1000)
+        b = rng.normal(0, 0.1, 1000)
+        u = rng.normal(0, 0.04, (2, 3, 1))
+        noise = rng.normal(0, 0.6, (2, 3, 1000))
+        c = stats.paired(q + 0.01 + b / 2 + u[0] + noise[0], q - 0.01 - b / 2 + u[1] + noise[1])
+        hits += c.low <= 0.02 <= c.high
+    assert 0.93 <= hits / 1000 <= 0.97, hits
+
+
+def test_a_real_difference_inside_the_margin_says_so():
+    a = np.tile(np.r_[np.ones(5008), np.zeros(4992)], (3, 1))
+    b = a.copy()
+    b[:, :80] = 0  # 0.008 lower everywhere, on every seed: real, and far inside ±0.02
+    c = stats.paired(a, b, margin=0.02)
+    assert c.verdict == "differs" and c.within_margin and c.word() == "differs (by less than ±0.02)"
+
+
+def test_holm_counts_a_missing_member_of_the_family():
+    c = stats._finish(0.05, 0.01, 50, 0.02, "x", 3)
+    stats.holm([c, None, None])
+    assert c.p_adj == pytest.approx(min(1.0, 3 * c.p))
