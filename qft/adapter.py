@@ -99,6 +99,7 @@ def attach(model: nn.Module, cfg, layers: list[L.Layer]):
     plan_ = plan(cfg, layers)
     if not any(s["r"] for s in plan_.values()):
         return model, plan_
+    mark_quantized(model)
     peft_model = get_peft_model(model, lora_config(cfg, plan_))
     verify(peft_model, plan_, bool(cfg.use_rslora))
     if cfg.get("dropout_mask", "torch") == "fast" and cfg.dropout > 0:
@@ -107,6 +108,18 @@ def attach(model: nn.Module, cfg, layers: list[L.Layer]):
                 for key in module.lora_dropout:
                     module.lora_dropout[key] = FastDropout(cfg.dropout)
     return peft_model, plan_
+
+
+def mark_quantized(model: nn.Module) -> None:
+    """Set the flags transformers sets on a model it quantized (`is_loaded_in_4bit`, `is_loaded_in_8bit`), which
+    peft's dispatch reads: it then wraps each bitsandbytes layer in its own `lora.bnb.Linear4bit` or
+    `lora.bnb.Linear8bitLt`, the classes the stock path builds (so `merge_and_unload` works), and every other
+    projection in `lora.Linear`. Both flags may be set: a mixed-bits model gets each class where it belongs."""
+    import bitsandbytes as bnb
+
+    kinds = {type(m) for m in model.modules()}
+    model.is_loaded_in_4bit = any(issubclass(k, bnb.nn.Linear4bit) for k in kinds)
+    model.is_loaded_in_8bit = any(issubclass(k, bnb.nn.Linear8bitLt) for k in kinds)
 
 
 class _MaskedScale(torch.autograd.Function):

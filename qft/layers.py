@@ -1,7 +1,12 @@
-"""Which linear modules of a decoder are attention or MLP projections, at which depth.
+"""Which weights of a decoder are attention or MLP projections, at which depth: the architecture registry.
 
-A small table per architecture is the single place that knows module names; quantization, adapters
-and budgets all address modules through it, so a new architecture is one table row.
+The registry is the single place that knows module names; quantization, adapters, budgets, the memory model and
+the pipeline all address modules through it. Per `model_type` it names each projection of a decoder layer with its
+layer type, and what a layer holds besides (norms, rotary buffers) that is left alone on purpose. Every weight
+matrix inside a decoder layer must be one of those, or classification fails: a model is never half-adapted.
+Architectures whose projections are fused (Phi-3's qkv_proj and gate_up_proj) or whose MLP is a mixture of
+experts held as 3-D parameters (Mixtral) cannot be given a rank and bits per projection, so they are refused by
+name rather than served in part.
 """
 
 from __future__ import annotations
@@ -15,17 +20,49 @@ from qft.errors import QftError
 
 _ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
 _MLP = ("gate_proj", "up_proj", "down_proj")
-_LLAMA_LIKE = {"attn": _ATTN, "mlp": _MLP}
 
-# model_type -> layer type -> projection names
-ARCHITECTURES: dict[str, dict[str, tuple[str, ...]]] = {
-    name: _LLAMA_LIKE
-    for name in ("llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "olmo2", "phi3")
+
+@dataclass(frozen=True)
+class Architecture:
+    """A decoder qft serves: its projections per layer type, and whether qft.pipeline can cut it into stages
+    (embed -> layers with the causal mask and rotary -> norm -> head, as a pipeline stage runs it)."""
+
+    attn: tuple[str, ...] = _ATTN
+    mlp: tuple[str, ...] = _MLP
+    pipeline: bool = False
+
+    def types(self) -> dict[str, tuple[str, ...]]:
+        return {"attn": self.attn, "mlp": self.mlp}
+
+
+REGISTRY: dict[str, Architecture] = {
+    "llama": Architecture(pipeline=True), "mistral": Architecture(pipeline=True),
+    "qwen2": Architecture(pipeline=True), "qwen3": Architecture(pipeline=True),
+    "gemma": Architecture(), "gemma2": Architecture(), "gemma3_text": Architecture(), "olmo2": Architecture(),
 }
+REFUSED = {
+    "phi3": "its attention and MLP are fused (qkv_proj, gate_up_proj), so q/k/v and gate/up cannot take a rank or "
+            "bits of their own",
+    "mixtral": "its MLP is a mixture of experts held as 3-D parameters, which bitsandbytes cannot quantize per "
+               "layer type and peft reaches only through target_parameters",
+}
+ARCHITECTURES = {name: a.types() for name, a in REGISTRY.items()}  # model_type -> layer type -> projections
 LAYER_TYPES = ("attn", "mlp")
-PROJECTIONS = {proj: lt for lt, projs in _LLAMA_LIKE.items() for proj in projs}
+PROJECTIONS = {proj: lt for lt, projs in Architecture().types().items() for proj in projs}
 
 _NAME = re.compile(r"(?:^|\.)layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)$")
+_IN_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+def architecture(model_type: str) -> Architecture:
+    """The registry entry, or one line saying why this architecture is refused or unknown."""
+    if model_type in REFUSED:
+        raise QftError("model.model_type", model_type, f"refused: {REFUSED[model_type]}; served: "
+                                                       f"{', '.join(sorted(REGISTRY))}")
+    if model_type not in REGISTRY:
+        raise QftError("model.model_type", model_type, f"not in the architecture registry (served: "
+                                                       f"{', '.join(sorted(REGISTRY))})")
+    return REGISTRY[model_type]
 
 
 @dataclass(frozen=True)
@@ -45,23 +82,32 @@ def _is_linear(module: nn.Module) -> bool:
 
 
 def classify(model: nn.Module, model_type: str) -> list[Layer]:
-    """Every attention and MLP projection of the model, in module order."""
-    table = ARCHITECTURES.get(model_type)
+    """Every attention and MLP projection of the model, in module order; every other weight matrix inside a decoder
+    layer is an error, never silently left out."""
     linear = [(n, m) for n, m in model.named_modules() if _is_linear(m)]
-    if table is None:
-        found = sorted({re.sub(r"\.\d+\.", ".*.", n) for n, _ in linear})
-        raise QftError("model.model_type", model_type,
-                       f"no layer-type table for this architecture (known: {', '.join(sorted(ARCHITECTURES))}); "
-                       f"linear modules found: {', '.join(found) or 'none'}")
-    proj_type = {p: lt for lt, projs in table.items() for p in projs}
-    layers = []
+    found = sorted({re.sub(r"\.\d+\.", ".*.", n) for n, _ in linear})
+    if model_type not in REGISTRY:
+        try:
+            architecture(model_type)
+        except QftError as e:
+            raise QftError(e.key, e.value, f"{e.allowed}; linear modules found: {', '.join(found) or 'none'}") from e
+    proj_type = {p: lt for lt, projs in ARCHITECTURES[model_type].items() for p in projs}
+    layers, stray = [], []
     for name, module in linear:
         match = _NAME.search(name)
         if match and match.group(2) in proj_type:
             layers.append(Layer(name, proj_type[match.group(2)], match.group(2), int(match.group(1)),
                                 module.in_features, module.out_features))
+        elif _IN_LAYER.search(name):
+            stray.append(name)
+    stray += [n for n, p in model.named_parameters() if _IN_LAYER.search(n) and p.dim() >= 2
+              and not any(n.startswith(name + ".") for name, _ in linear)]
+    if stray:
+        names = sorted({re.sub(r"[.]\d+[.]", ".*.", n) for n in stray})
+        raise QftError("model.model_type", model_type,
+                       "weight matrices inside the decoder layers that the registry does not classify: "
+                       + ", ".join(names[:6]))
     if not layers:
-        found = sorted({re.sub(r"\.\d+\.", ".*.", n) for n, _ in linear})
         raise QftError("model.model_type", model_type,
                        f"no attention or MLP projections found; linear modules: {', '.join(found) or 'none'}")
     return layers

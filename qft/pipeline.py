@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from qft import offload
+from qft import layers as L
 from qft.errors import QftError
 from qft.model import autocast
 
@@ -139,17 +140,14 @@ def plan_split(fixed, act, stages: int, micro_batches: int, schedule: str, ends=
                    f"(or use more stages)")
 
 
-# decoders whose forward is embed -> layers (causal mask, rotary) -> norm -> head, as Stage runs it
-ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
-
-
 def plan(cfg, model_type: str = "llama") -> Plan:
     """The plan for a composed config, from the memory model's per-layer costs (no weights needed)."""
     from qft import memory
 
-    if model_type not in ARCHITECTURES:
-        raise QftError("offload.mode", "pipeline", f"supports {', '.join(ARCHITECTURES)} decoders; "
-                                                   f"this model is {model_type}")
+    staged = sorted(n for n, a in L.REGISTRY.items() if a.pipeline)
+    if model_type not in staged:
+        raise QftError("offload.mode", "pipeline", f"supports {', '.join(staged)} decoders (the registry in "
+                                                   f"qft/layers.py); this model is {model_type}")
 
     resolved = memory.plan(cfg)
     costs = memory.layer_costs(cfg, plan_=resolved)

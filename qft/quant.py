@@ -109,6 +109,35 @@ class Dequantized(nn.Linear):
         return nn.functional.linear(x.to(self.weight.dtype), self.weight, self.bias).to(x.dtype)
 
 
+def dequantized_weight(q: nn.Module) -> torch.Tensor:
+    """The weight a quantized projection computes with, in fp32: the 4-bit codes or the int8 rows times their scale."""
+    import bitsandbytes.functional as bf
+
+    kind = type(q).__name__
+    if kind == "Linear4bit":
+        return bf.dequantize_4bit(q.weight.data, q.weight.quant_state).float()
+    if kind == "Linear8bitLt":  # after a first forward bitsandbytes keeps the row scales in the module's state
+        scb = q.weight.SCB if getattr(q.weight, "SCB", None) is not None else q.state.SCB
+        return q.weight.data.float() * scb.float()[:, None] / 127
+    return q.weight.data.float()
+
+
+def dequantize(model: nn.Module) -> nn.Module:
+    """Replace every bitsandbytes projection (and Dequantized one) of an unwrapped model by an fp32 nn.Linear holding
+    exactly the weight it computed with: the base to merge a trained adapter into for deployment
+    (`PeftModel.from_pretrained(dequantize(base), adapter).merge_and_unload()`); merging into the 4-bit base itself
+    re-quantizes the sum, which loses most of a small adapter."""
+    for name, module in list(model.named_modules()):
+        if type(module).__name__ in ("Linear4bit", "Linear8bitLt", "Dequantized"):
+            linear = nn.Linear(module.in_features, module.out_features, bias=module.bias is not None,
+                               device="meta")
+            linear.weight = nn.Parameter(dequantized_weight(module), requires_grad=False)
+            if module.bias is not None:
+                linear.bias = nn.Parameter(module.bias.data.float(), requires_grad=False)
+            model.set_submodule(name, linear)
+    return model
+
+
 def _tensors(q: nn.Module) -> dict[str, torch.Tensor]:
     """What rebuilds a quantized projection without quantizing it again."""
     out = {"weight": q.weight.data}

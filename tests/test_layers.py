@@ -1,7 +1,11 @@
+import re
+from pathlib import Path
+
 import pytest
 from torch import nn
 
 from qft import layers, model
+from qft import layers as L
 from qft.errors import QftError
 from conftest import make_cfg
 
@@ -49,3 +53,68 @@ def test_resolution_order_type_then_projection_then_depth_groups():
 def test_depth_thirds_cover_the_stack():
     assert layers.depth_thirds(30) == {"shallow": (0, 9), "middle": (10, 19), "deep": (20, 29)}
     assert layers.depth_thirds(4) == {"shallow": (0, 0), "middle": (1, 2), "deep": (3, 3)}
+
+
+# a 2-layer model of each architecture the README lists, from its transformers config
+SMALL = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+             vocab_size=128, max_position_embeddings=64, head_dim=8, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+
+
+def small(model_type, **extra):
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.for_model(model_type, **SMALL, **extra)
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(cfg)
+
+
+def readme_architectures() -> list[str]:
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    line = re.search(r"Architectures in the registry \(`qft/layers.py`\): ([^.]*)\.", text).group(1)
+    return [a.strip() for a in line.split(",")]
+
+
+def test_the_readme_lists_exactly_the_registry():
+    assert sorted(readme_architectures()) == sorted(L.REGISTRY)
+
+
+@pytest.mark.parametrize("model_type", sorted(L.REGISTRY))
+def test_every_listed_architecture_is_classified_whole_and_counted_exactly(model_type):
+    from omegaconf import OmegaConf
+
+    from qft import adapter
+
+    net = small(model_type)
+    layers = L.classify(net, model_type)
+    assert len(layers) == 2 * 7 and {l.proj for l in layers} == set(L.PROJECTIONS)
+    classified = {l.name for l in layers}
+    for name, p in net.named_parameters():  # every weight matrix of a decoder layer is a classified projection
+        if ".layers." in name and p.dim() >= 2:
+            assert name.rsplit(".", 1)[0] in classified, name
+    cfg = OmegaConf.create({"attn": {"r": 4, "alpha": 8}, "mlp": {"r": 2, "alpha": 8}, "projections": None,
+                            "depth_groups": None, "dropout": 0.0, "use_rslora": False, "dropout_mask": "torch"})
+    wrapped, plan = adapter.attach(net, cfg, layers)
+    counted = adapter.count(plan, layers)["total"]
+    assert counted == sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
+    assert counted == sum((4 if l.layer_type == "attn" else 2) * (l.in_features + l.out_features) for l in layers)
+
+
+@pytest.mark.parametrize("model_type,extra,says", [
+    ("phi3", {}, "fused (qkv_proj, gate_up_proj)"),
+    ("mixtral", {"num_local_experts": 2, "num_experts_per_tok": 1}, "mixture of experts"),
+])
+def test_architectures_qft_cannot_serve_fully_are_refused_by_name(model_type, extra, says):
+    with pytest.raises(QftError) as e:
+        L.classify(small(model_type, **extra), model_type)
+    assert e.value.key == "model.model_type" and says in str(e.value) and "\n" not in str(e.value)
+
+
+def test_an_unclassified_weight_matrix_is_an_error_never_silence():
+    import torch
+
+    net = small("llama")
+    net.model.layers[1].mlp.extra_proj = torch.nn.Linear(32, 32)  # a projection the registry does not know
+    with pytest.raises(QftError) as e:
+        L.classify(net, "llama")
+    assert "model.layers.*.mlp.extra_proj" in str(e.value)
