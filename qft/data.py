@@ -327,8 +327,7 @@ def _frame(cfg, raw: dict, tokenizer, prefix: list[int], suffix: list[int], labe
     out, refused = {}, {"answer": 0, "instruction": 0}
     if cfg.task == "classification":
         longest = max(map(len, label_tokens))
-        room = cfg.max_length - frame - longest
-        _check_room(cfg, frame, longest, room)
+        room = cfg.max_length - frame - longest  # prepare checked it before any example was tokenized
         index = {lab: i for i, lab in enumerate(labels)}
         for part, items in raw.items():
             ids = _encode_many(tokenizer, [t for t, _ in items], room)
