@@ -2,6 +2,7 @@
 
     python benchmarks/speed.py                      # SmolLM2-135M, BBC News, NF4, r=8 on all 7 projections
     python benchmarks/speed.py --seq 128 --steps 10 # the longer-sequence point
+    python benchmarks/speed.py --unfused            # also qft with train.fuse_projections=false, alternating
 
 Each measurement is its own process (so start-up and peak RSS are clean), in the order qft, baseline,
 qft, baseline, ...; the medians and the qft/baseline ratios go to benchmarks/results/. The dense bf16
@@ -126,7 +127,9 @@ def run_baseline(a, t0: float, out: dict) -> None:
 def worker(a) -> None:
     t0 = float(os.environ["QFT_BENCH_T0"])
     out = {"kind": a.worker}
-    (run_qft if a.worker == "qft" else run_baseline)(a, t0, out)
+    if a.worker == "qft_unfused":
+        a.qft_overrides = [*a.qft_overrides, "train.fuse_projections=false"]
+    (run_baseline if a.worker == "baseline" else run_qft)(a, t0, out)
     out.setdefault("peak_rss_bytes", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
     Path(a.json_out).write_text(json.dumps(out))
 
@@ -207,7 +210,9 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     ap.add_argument("--baseline-dtype", choices=["bf16", "fp32"], default="bf16",
                     help="the stock recipe's bnb_4bit_compute_dtype (bf16 is the published QLoRA recipe)")
-    ap.add_argument("--worker", choices=["qft", "baseline"])
+    ap.add_argument("--unfused", action="store_true",
+                    help="also run qft with train.fuse_projections=false, in turn with the others (fusion's own gain)")
+    ap.add_argument("--worker", choices=["qft", "qft_unfused", "baseline"])
     ap.add_argument("--json-out")
     ap.add_argument("--workdir")
     ap.add_argument("qft_overrides", nargs="*", help="extra qft overrides, e.g. quant.cache_dequantized=true")
@@ -222,7 +227,7 @@ def main() -> None:
     ceiling = {d: [matmul_ceiling(d)] for d in ("bf16", "fp32")}
     runs = []
     for rep in range(a.reps):
-        for kind in ("qft", "baseline"):
+        for kind in ("qft", "qft_unfused", "baseline") if a.unfused else ("qft", "baseline"):
             work = out_dir / f"work-{kind}-{rep}"
             shutil.rmtree(work, ignore_errors=True)
             js = out_dir / f".{kind}-{rep}.json"
@@ -245,6 +250,9 @@ def main() -> None:
     summary["qft_sweep_startup_seconds"] = med("qft", "sweep_startup_seconds")
     for k in keys:
         summary[k]["ratio_qft_over_baseline"] = summary[k]["qft"] / summary[k]["baseline"]
+        if a.unfused:
+            summary[k]["qft_unfused"] = med("qft_unfused", k)
+            summary[k]["ratio_qft_over_unfused"] = summary[k]["qft"] / summary[k]["qft_unfused"]
     q = [r for r in runs if r["kind"] == "qft"]
     tokens_per_step = statistics.median(r["train_tokens"] / a.steps for r in q)
     flops = useful_flops_per_step(a, tokens_per_step, a.batch * 1.2)  # BBC label words: 1.2 tokens on average
@@ -260,7 +268,7 @@ def main() -> None:
                            "threads": __import__("torch").get_num_threads(), "cpu_capability":
                            __import__("torch").backends.cpu.get_cpu_capability(), "cpu": _cpu_name()}
     summary["runs"] = runs
-    name = f"speed-seq{a.seq}-baseline_{a.baseline_dtype}" + ("-" + "-".join(o.replace("=", "_") for o in a.qft_overrides) if a.qft_overrides else "")
+    name = f"speed-seq{a.seq}-baseline_{a.baseline_dtype}" + ("-unfused" if a.unfused else "") + ("-" + "-".join(o.replace("=", "_") for o in a.qft_overrides) if a.qft_overrides else "")
     (out_dir / f"{name}.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps({k: v for k, v in summary.items() if k != "runs"}, indent=1))
 

@@ -24,12 +24,14 @@ _MLP = ("gate_proj", "up_proj", "down_proj")
 
 @dataclass(frozen=True)
 class Architecture:
-    """A decoder qft serves: its projections per layer type, and whether qft.pipeline can cut it into stages
-    (embed -> layers with the causal mask and rotary -> norm -> head, as a pipeline stage runs it)."""
+    """A decoder qft serves: its projections per layer type, which of them read one input (qft.fuse runs each
+    such group as one), and whether qft.pipeline can cut it into stages (embed -> layers with the causal mask and
+    rotary -> norm -> head, as a pipeline stage runs it)."""
 
     attn: tuple[str, ...] = _ATTN
     mlp: tuple[str, ...] = _MLP
     pipeline: bool = False
+    shared_input: tuple[tuple[str, ...], ...] = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
     def types(self) -> dict[str, tuple[str, ...]]:
         return {"attn": self.attn, "mlp": self.mlp}

@@ -29,6 +29,7 @@ SCHEMA = 2
 # (the speed and memory switches are tested to give the same losses and gradients; the evaluation keys to give the
 # same loss curve and adapter).
 _NOT_HASHED = {("train", "resume"), ("train", "stop_after_steps"), ("train", "host_allocator"), ("train", "eval_every"),
+               ("train", "fuse_projections"),
                ("train", "checkpoint_every"), ("train", "eval_batch_size"), ("train", "zero_shot"), ("experiment",),
                ("cache_dir",), ("sweep",), ("grid",), ("logger",), ("quant", "cache_dequantized"),
                ("quant", "cache_quantized"), ("offload",),
@@ -171,6 +172,7 @@ def execution(cfg) -> dict:
     cpu, kind = cpu_kind()
     return {**_CODE, "qft_version": versions_of(("qft",))["qft"], "cpu": cpu,
             "cpu_kind": kind, "threads": torch.get_num_threads(), "compute_dtype": cfg.quant.compute_dtype,
+            "fuse_projections": bool(cfg.train.get("fuse_projections", False)),
             "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
 
 

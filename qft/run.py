@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from qft import adapter, budget, config, data, evaluate, layers, logger, model, pipeline, quant, record, train
+from qft import adapter, budget, config, data, evaluate, fuse, layers, logger, model, pipeline, quant, record, train
 from qft.errors import QftError
 
 
@@ -109,6 +109,8 @@ def build(cfg, source: model.Source, device: torch.device) -> Built:
     bits = quant.quantize(net, cfg.quant, projections, device, cached)
     base_bytes = quant.base_bytes(net, projections)
     net, plan = adapter.attach(net, cfg.adapter, projections)
+    if cfg.train.get("fuse_projections", False):
+        fuse.install(net, projections, source.model_type)
     depth_groups = {g: tuple(v["layers"]) for g, v in (cfg.adapter.depth_groups or {}).items()} or None
     return Built(net, projections, bits, plan, adapter.count(plan, projections, depth_groups), base_bytes)
 

@@ -56,6 +56,8 @@ def check(cfg, device: str) -> None:
         _int_at_least("train.stop_after_steps", cfg.stop_after_steps, 1)
     if cfg.get("host_allocator", "default") not in ALLOCATORS:
         raise QftError("train.host_allocator", cfg.host_allocator, f"allowed: {', '.join(ALLOCATORS)}")
+    if cfg.get("fuse_projections", False) not in (True, False):
+        raise QftError("train.fuse_projections", cfg.fuse_projections, "true or false")
 
 
 def tune_host_allocator(cfg) -> bool:

@@ -1,0 +1,252 @@
+"""Projections that read one input (q/k/v; gate/up) run as one group: one cast of the input, one frozen matmul.
+
+On a CPU a QLoRA step is dominated by memory-bound work around each projection (casting the fp32 input to the
+compute dtype, small matmuls for k and v under grouped-query attention). The group does that work once and splits
+the output; nothing computed changes:
+- forward: the frozen outputs are slices of one matmul over the concatenated weight, bit-identical to each
+  projection's own (`tests/test_fuse.py` checks it on this machine's matmul library); each projection's LoRA runs
+  exactly as peft runs it, with its own dropout mask drawn in the same order from the same stream;
+- backward: each projection keeps its own autograd node, made when it is called, whose backward is its own
+  matmul, so autograd sums the input gradient's terms in the unfused order: gradients are bit-identical too;
+- with no dropout active and no gradient (evaluation) under autocast, the group's LoRA A matrices run as one
+  matmul too (bit-identical slices, checked as above).
+
+The live model keeps peft's own per-projection modules (and so stock adapters, `merge_and_unload`, the bnb LoRA
+classes): a group only replaces their `forward` with a call into itself, and steps aside whenever peft's state is
+not plain LoRA training (merged, adapters disabled, several or mixed adapters, DoRA) or a member was replaced.
+A 16-bit or dequantized-4-bit group stores its frozen weights as one tensor, each projection's weight a view of it;
+a 4-bit group dequantizes its members into one matrix at each use, as bitsandbytes does, and keeps nothing.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from qft import layers as L
+
+
+def _kind(base: nn.Module) -> str | None:
+    name = type(base).__name__
+    if name == "Linear4bit":
+        return "4bit"
+    if name == "Dequantized" or type(base) is nn.Linear:
+        return "dense"
+    return None  # int8 and anything else run on their own
+
+
+def _dequantize_4bit(w, dtype: torch.dtype) -> torch.Tensor:
+    """A 4-bit weight in `dtype`, computed as bitsandbytes' own 4-bit matmul computes it (gemm_4bit on CPU)."""
+    qs = w.quant_state
+    absmax = qs.absmax
+    if qs.nested:
+        absmax = torch.ops.bitsandbytes.dequantize_blockwise.default(qs.absmax, qs.state2.absmax, qs.state2.code,
+                                                                      256, torch.float32) + qs.offset
+    return torch.ops.bitsandbytes.dequantize_4bit.default(w.data.view(-1, 1), absmax, qs.blocksize, qs.quant_type,
+                                                          qs.shape, dtype)
+
+
+class _Member(torch.autograd.Function):
+    """One projection's frozen output, sliced from its group's matmul; backward is that projection's own matmul.
+
+    One node per projection, made when the projection is called, as the unfused module makes its own: autograd then
+    meets and sums the input gradient's terms in the very order it does unfused, so gradients stay bit-identical."""
+
+    @staticmethod
+    def forward(ctx, x, group, i):
+        ctx.group, ctx.i, ctx.x_dtype = group, i, x.dtype
+        lo, hi = group.slices[i]
+        y = group.shared(x, "base", lambda: F.linear(x.to(group.dtype), group.weight(), group.bias))
+        return y[..., lo:hi].to(x.dtype if group.cast_back else y.dtype, memory_format=torch.contiguous_format,
+                                copy=True)
+
+    @staticmethod
+    def backward(ctx, grad):
+        g = grad.to(ctx.group.dtype)
+        return torch.matmul(g, ctx.group.member_weight(ctx.i).to(g.dtype)).to(ctx.x_dtype), None, None
+
+
+class Group:
+    """One set of projections that read the same input, with the modules at their places in the model."""
+
+    def __init__(self, parent: nn.Module, names: tuple[str, ...]):
+        self.parent, self.names = parent, names
+        self.members = [getattr(parent, n) for n in names]
+        self.bases = [m.get_base_layer() if hasattr(m, "get_base_layer") else m for m in self.members]
+        kinds = {_kind(b) for b in self.bases}
+        self.kind = kinds.pop() if len(kinds) == 1 else None
+        sizes = [b.out_features for b in self.bases]
+        self.slices = [(sum(sizes[:i]), sum(sizes[:i + 1])) for i in range(len(sizes))]
+        self.dtype = self.bases[0].compute_dtype if self.kind == "4bit" else self.bases[0].weight.dtype
+        self.cast_back = type(self.bases[0]) is not nn.Linear  # bnb and Dequantized return their input's dtype
+        self._cache: tuple | None = None  # (input, {what: tensor}, members done): work shared for one input
+        self.storage = None
+        self.bias = None
+
+    def fusable(self) -> bool:
+        if self.kind is None or len({b.in_features for b in self.bases}) != 1:
+            return False
+        if self.kind == "4bit":  # on CUDA bitsandbytes has a 4-bit matmul kernel of its own, so only the CPU's
+            return all(b.weight.device.type == "cpu" and b.compute_dtype == self.dtype and not getattr(b.weight.quant_state, "packing_format_for_cpu",
+                                                                     False) for b in self.bases)
+        return len({b.weight.dtype for b in self.bases}) == 1
+
+    def install(self) -> None:
+        if self.kind == "dense":  # one storage, each projection's weight a view of it
+            self.storage = torch.cat([b.weight.data for b in self.bases])
+            for b, (lo, hi) in zip(self.bases, self.slices):
+                b.weight = nn.Parameter(self.storage[lo:hi], requires_grad=False)
+        if any(b.bias is not None for b in self.bases):
+            self.bias = torch.cat([b.bias.data.to(self.dtype) if b.bias is not None
+                                   else torch.zeros(b.out_features, dtype=self.dtype) for b in self.bases])
+        for i, m in enumerate(self.members):
+            m.forward = self._caller(i, type(m).forward.__get__(m))
+
+    def remove(self) -> None:
+        for m in self.members:
+            m.__dict__.pop("forward", None)
+        if self.storage is not None:  # each projection owns its weight again
+            for b in self.bases:
+                b.weight = nn.Parameter(b.weight.data.clone(), requires_grad=False)
+            self.storage = None
+
+    def weight(self) -> torch.Tensor:
+        if self.kind == "dense":
+            return self.storage
+        return torch.cat([_dequantize_4bit(b.weight, self.dtype) for b in self.bases])
+
+    def member_weight(self, i: int) -> torch.Tensor:
+        if self.kind == "dense":
+            lo, hi = self.slices[i]
+            return self.storage[lo:hi]
+        import bitsandbytes.functional as bf  # as bitsandbytes' 4-bit backward dequantizes
+
+        b = self.bases[i]
+        return bf.dequantize_4bit(b.weight.data.view(-1, 1), b.weight.quant_state)
+
+    def shared(self, x: torch.Tensor, what: str, compute):
+        """Work done once per input for the whole group (no autograd: each member's node does its own backward)."""
+        if self._cache is None or self._cache[0] is not x:
+            self._cache = (x, {}, set())
+        done = self._cache[1]
+        if what not in done:
+            with torch.no_grad():
+                done[what] = compute()
+        return done[what]
+
+    def _done(self, i: int) -> None:
+        if self._cache is not None:
+            self._cache[2].add(i)
+            if len(self._cache[2]) == len(self.members):
+                self._cache = None
+
+    def _live(self, x: torch.Tensor) -> bool:
+        if any(getattr(self.parent, n) is not m for n, m in zip(self.names, self.members)):
+            return False
+        if any(b.weight.device != x.device for b in self.bases) or (self.bias is not None
+                                                                      and self.bias.device != x.device):
+            return False
+        if self.kind == "4bit" and x.device.type != "cpu":
+            return False
+        if self.kind == "dense":
+            return all(b.weight.data_ptr() == self.storage[lo:hi].data_ptr() and b.weight.shape == (hi - lo,
+                       self.storage.shape[1]) for b, (lo, hi) in zip(self.bases, self.slices))
+        return all(not getattr(b.weight.quant_state, "packing_format_for_cpu", False) for b in self.bases)
+
+    def _plain_lora(self, m: nn.Module) -> bool:
+        if not hasattr(m, "lora_A"):
+            return True  # a projection without an adapter (rank 0)
+        return (not m.merged and not m.disable_adapters and list(m.active_adapters) == ["default"]
+                and "default" in m.lora_A and not m.lora_variant and getattr(m, "cast_input_dtype_enabled", True))
+
+    def _caller(self, i: int, own):
+        def forward(x, *args, **kwargs):
+            if args or kwargs or not (self._live(x) and all(self._plain_lora(m) for m in self.members)):
+                return own(x, *args, **kwargs)
+            out = self.run(i, x)
+            self._done(i)
+            return out
+        return forward
+
+    def run(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        """Member i's output: its slice of the group's frozen matmul, plus its LoRA as peft computes it."""
+        result = _Member.apply(x, self, i)
+        m = self.members[i]
+        if not hasattr(m, "lora_A"):
+            return result
+        a, b = m.lora_A["default"], m.lora_B["default"]
+        middle = self._shared_a(x, i)
+        if middle is None:
+            middle = a(m.lora_dropout["default"](m._cast_input_dtype(x, a.weight.dtype)))
+        h = b(middle) * m.scaling["default"]
+        if not torch.is_autocast_enabled(x.device.type):
+            h = h.to(result.dtype)
+        return (result + h).to(result.dtype)
+
+    def _shared_a(self, x: torch.Tensor, i: int) -> torch.Tensor | None:
+        """With no gradient and no active dropout, under autocast (where it saves the input's cast), the group's A
+        matrices as one matmul. In fp32 there is no cast to save, and MKL's kernel for a rank-8 output differs from
+        the one for the group's wider output in its last bit, so fp32 keeps one matmul per projection."""
+        if torch.is_grad_enabled() or not torch.is_autocast_enabled(x.device.type):
+            return None
+        mods = [m for m in self.members if hasattr(m, "lora_A")]
+        if len(mods) < 2 or len({m.lora_A["default"].weight.dtype for m in mods}) != 1 or any(
+                m.training and not isinstance(m.lora_dropout["default"], nn.Identity) for m in mods):
+            return None
+        weights = [m.lora_A["default"].weight for m in mods]
+        h = self.shared(x, "lora_A", lambda: F.linear(mods[0]._cast_input_dtype(x, weights[0].dtype),
+                                                       torch.cat(weights)))
+        lo = sum(w.shape[0] for m, w in zip(mods, weights) if self.members.index(m) < i)
+        return h[..., lo:lo + self.members[i].lora_A["default"].weight.shape[0]]
+
+
+class _CastHead:
+    """The LM head's weight cast to the autocast dtype once, not at every call: autocast re-casts a frozen weight in
+    every forward (it caches only trainable leaves), and for a 49k-word head tied to the fp32 embedding that cast is
+    most of the head's cost. Same values, so the same logits; the copy is refreshed if the weight changes."""
+
+    def __init__(self, head: nn.Linear):
+        self.head, self.own, self.key, self.cast = head, type(head).forward.__get__(head), None, None
+
+    def __call__(self, h: torch.Tensor) -> torch.Tensor:
+        w = self.head.weight
+        if not torch.is_autocast_enabled(h.device.type) or w.requires_grad or self.head.bias is not None:
+            return self.own(h)
+        dtype = torch.get_autocast_dtype(h.device.type)
+        key = (dtype, w.data_ptr(), w._version, w.device)
+        if key != self.key:
+            self.key, self.cast = key, w.detach().to(dtype)
+        return F.linear(h.to(dtype), self.cast)
+
+
+def install(model: nn.Module, projections: list[L.Layer], model_type: str) -> list[Group]:
+    """Fuse every group of projections that read one input, per the architecture registry; groups whose members
+    differ in kind (bits), compute dtype or input width run unfused. Returns the fused groups."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    arch = L.architecture(model_type)
+    parents = sorted({layer.name.rpartition(".")[0] for layer in projections})
+    groups = []
+    for parent_name in parents:
+        parent = base.get_submodule(parent_name)
+        for names in arch.shared_input:
+            if not all(hasattr(parent, n) for n in names):
+                continue
+            group = Group(parent, names)
+            if group.fusable():
+                group.install()
+                groups.append(group)
+    head = base.get_output_embeddings()
+    if type(head) is nn.Linear:
+        head.forward = _CastHead(head)
+    model._qft_fused = groups
+    return groups
+
+
+def remove(model: nn.Module) -> None:
+    """Undo `install`: every projection runs alone and owns its weight (before saving or merging a base)."""
+    for group in getattr(model, "_qft_fused", []):
+        group.remove()
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base.get_output_embeddings().__dict__.pop("forward", None)
+    model._qft_fused = []

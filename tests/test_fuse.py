@@ -1,0 +1,105 @@
+"""Fused projections (qft.fuse) compute what the unfused model computes, with peft's own modules in place."""
+
+import pytest
+import torch
+from peft.tuners.lora import bnb as lora_bnb
+
+from qft import fuse, record, train
+from conftest import build, make_cfg
+
+PROMPTS = [[5, 6, 7, 8, 9], [11, 12, 13], [20, 21, 22, 23, 24, 25, 26]]
+ANSWERS = [[100], [200, 201, 202], [300, 301]]
+
+
+def outputs(fused, dtype, *overrides):
+    torch.manual_seed(0)
+    _, _, built = build(f"train.fuse_projections={fused}", f"quant.compute_dtype={dtype}", "adapter.dropout=0.1",
+                        *overrides)
+    net = built.model
+    with torch.no_grad():
+        for n, p in net.named_parameters():
+            if "lora_B" in n:
+                p.normal_(std=0.2, generator=torch.Generator().manual_seed(hash(n) % 2**31))
+    torch.manual_seed(1)  # the dropout masks: the same stream, drawn in the same order
+    cdt = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
+    loss, _, _ = train.answer_loss(net, PROMPTS, ANSWERS, 2, cdt)
+    loss.backward()
+    grads = {k: p.grad.clone() for k, p in net.named_parameters() if p.requires_grad}
+    net.eval()
+    with torch.no_grad(), torch.autocast("cpu", cdt, enabled=cdt != torch.float32):
+        logits = net(input_ids=torch.tensor([PROMPTS[2]])).logits
+    return built, loss, grads, logits
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+@pytest.mark.parametrize("extra,groups", [
+    (["quant=nf4"], 8),
+    (["quant=nf4", "quant.cache_dequantized=true"], 8),
+    (["quant=none"], 8),
+    (["quant=attn8_mlp4"], 4),  # int8 attention runs unfused
+    (["quant=nf4", "+quant.projections.k_proj={bits:8}", "adapter.mlp.r=2", "adapter.attn.alpha=4"], 4),
+    (["quant=nf4", "+adapter.projections.v_proj={r:0}", "+adapter.depth_groups.deep={layers:[2,3],r:4}"], 8),
+])
+def test_fused_equals_unfused(dtype, extra, groups):
+    ref_built, ref_loss, ref_grads, ref_logits = outputs("false", dtype, *extra)
+    built, loss, grads, logits = outputs("true", dtype, *extra)
+    assert len(built.model._qft_fused) == groups
+    assert not getattr(ref_built.model, "_qft_fused", [])
+    assert torch.equal(loss, ref_loss)  # the forward is exact: slices of one matmul equal each projection's own
+    assert torch.equal(logits, ref_logits)
+    assert grads.keys() == ref_grads.keys()
+    for k in grads:  # one autograd node per projection, so the input gradient is summed in the unfused order
+        assert torch.equal(grads[k], ref_grads[k]), k
+
+
+def test_groups_follow_the_registry_and_keep_peft_modules():
+    _, _, built = build("train.fuse_projections=true", "quant=nf4")
+    base = built.model.get_base_model()
+    names = sorted(tuple(g.names) for g in built.model._qft_fused)
+    assert names == sorted([("q_proj", "k_proj", "v_proj")] * 4 + [("gate_proj", "up_proj")] * 4)
+    for layer in built.projections:
+        assert isinstance(base.get_submodule(layer.name), lora_bnb.Linear4bit)  # peft's own class, unchanged
+
+
+def test_dense_group_is_one_storage_and_remove_gives_it_back():
+    _, _, built = build("train.fuse_projections=true", "quant=none")
+    group = built.model._qft_fused[0]
+    q, k = (b.weight for b in group.bases[:2])
+    assert q.untyped_storage().data_ptr() == k.untyped_storage().data_ptr() == group.storage.data_ptr()
+    fuse.remove(built.model)
+    q, k = (b.weight for b in group.bases[:2])
+    assert q.untyped_storage().data_ptr() != k.untyped_storage().data_ptr()
+    assert all("forward" not in m.__dict__ for m in group.members)
+
+
+def test_merge_unmerge_and_disabled_adapters_step_aside():
+    """Where peft's state is not plain LoRA the group runs each projection as peft does: the same outputs as an
+    unfused model in the same state."""
+    ref, fused = (build(f"train.fuse_projections={f}", "quant=none", "quant.compute_dtype=fp32")[2].model
+                  for f in ("false", "true"))
+    for net in (ref, fused):
+        with torch.no_grad():
+            for n, p in net.named_parameters():
+                if "lora_B" in n:
+                    p.normal_(std=0.2, generator=torch.Generator().manual_seed(hash(n) % 2**31))
+        net.eval()
+    ids = torch.tensor([PROMPTS[2]])
+    with torch.no_grad():
+        with ref.disable_adapter(), fused.disable_adapter():
+            assert torch.equal(ref(input_ids=ids).logits, fused(input_ids=ids).logits)
+        plain = ref(input_ids=ids).logits
+        for net in (ref, fused):
+            net.merge_adapter()
+        assert torch.equal(ref(input_ids=ids).logits, fused(input_ids=ids).logits)
+        for net in (ref, fused):
+            net.unmerge_adapter()
+        after = fused(input_ids=ids).logits
+        assert torch.allclose(after, plain, atol=1e-5)  # merge and unmerge add and subtract in fp32
+        assert all(g._live(ids.float()) for g in fused._qft_fused)  # the in-place merge kept the shared storage
+
+
+def test_fusion_is_an_execution_setting_recorded_outside_the_hash():
+    on, off = make_cfg("train.fuse_projections=true"), make_cfg("train.fuse_projections=false")
+    assert record.config_hash(on) == record.config_hash(off)
+    assert record.execution(on)["fuse_projections"] is True
+    assert record.execution(off)["fuse_projections"] is False
