@@ -204,10 +204,11 @@ class Group:
 class _CastHead:
     """The LM head's weight cast to the autocast dtype once, not at every call: autocast re-casts a frozen weight in
     every forward (it caches only trainable leaves), and for a 49k-word head tied to the fp32 embedding that cast is
-    most of the head's cost. Same values, so the same logits; the copy is refreshed if the weight changes."""
+    most of the head's cost. Same values, so the same logits; the copy is refreshed if the weight changes. It is a
+    non-persistent buffer of the head: it moves with the model, is counted as the model's memory, and is not saved."""
 
     def __init__(self, head: nn.Linear):
-        self.head, self.own, self.key, self.cast = head, type(head).forward.__get__(head), None, None
+        self.head, self.own, self.key = head, type(head).forward.__get__(head), None
 
     def __call__(self, h: torch.Tensor) -> torch.Tensor:
         w = self.head.weight
@@ -215,9 +216,10 @@ class _CastHead:
             return self.own(h)
         dtype = torch.get_autocast_dtype(h.device.type)
         key = (dtype, w.data_ptr(), w._version, w.device)
-        if key != self.key:
-            self.key, self.cast = key, w.detach().to(dtype)
-        return F.linear(h.to(dtype), self.cast)
+        if key != self.key or self.head.qft_cast is None or self.head.qft_cast.device != w.device:
+            self.key = key
+            self.head.qft_cast = w.detach().to(dtype)
+        return F.linear(h.to(dtype), self.head.qft_cast)
 
 
 def install(model: nn.Module, projections: list[L.Layer], model_type: str) -> list[Group]:
@@ -238,6 +240,7 @@ def install(model: nn.Module, projections: list[L.Layer], model_type: str) -> li
                 groups.append(group)
     head = base.get_output_embeddings()
     if type(head) is nn.Linear:
+        head.register_buffer("qft_cast", None, persistent=False)
         head.forward = _CastHead(head)
     model._qft_fused = groups
     return groups
@@ -248,5 +251,7 @@ def remove(model: nn.Module) -> None:
     for group in getattr(model, "_qft_fused", []):
         group.remove()
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    base.get_output_embeddings().__dict__.pop("forward", None)
+    head = base.get_output_embeddings()
+    head.__dict__.pop("forward", None)
+    head._buffers.pop("qft_cast", None)
     model._qft_fused = []

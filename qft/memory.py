@@ -87,6 +87,7 @@ class Plan:
     eval_batch: int
     offload: dict
     fast_mask: bool = False  # adapter.dropout_mask=fast keeps a 1-byte mask, torch's dropout one in its input's dtype
+    fused: bool = False  # train.fuse_projections: groups reading one input share a matmul; the head is cast once
 
 
 def meta_model(source):
@@ -188,7 +189,8 @@ def plan(cfg, source=None, answer_tokens: int | None = None, answer_rows: int | 
                 float(cfg.adapter.dropout) > 0, bool(cfg.quant.get("cache_dequantized", False)),
                 bool(cfg.train.gradient_checkpointing), cfg.train.optimizer, int(cfg.train.batch_size),
                 int(cfg.data.max_length), int(answer_tokens), answer_rows, padded,
-                int(cfg.train.eval_batch_size), off, fast_mask=cfg.adapter.get("dropout_mask", "torch") == "fast")
+                int(cfg.train.eval_batch_size), off, fast_mask=cfg.adapter.get("dropout_mask", "torch") == "fast",
+                fused=bool(cfg.train.get("fuse_projections", False)))
 
 
 # ----------------------------------------------------------------------------------------------- fixed bytes
@@ -334,10 +336,21 @@ def _layer_work(p: Plan, depth: int, b: int, saved: int) -> int:
             fwd_w, bwd_w = max(fwd_w, n * (4 + (c if c < 4 else 0))), max(bwd_w, 4 * n - freed)
         elif bits == 8:
             fwd_w, bwd_w = max(fwd_w, 4 * n if p.device == "cpu" else 0), max(bwd_w, 4 * n - freed)
+    if p.fused:  # a fused group's output (compute dtype) is held until its last member has run
+        fwd += c * t * max([_group_width(p, depth, names) for names in L.Architecture().shared_input] + [0])
     backward = max(bwd, bwd_w)
     if p.checkpointing:
         return int(max(saved + backward, fwd + fwd_w))
     return int(max(fwd + fwd_w, backward))
+
+
+def _group_width(p: Plan, depth: int, names: tuple) -> int:
+    """Output width of a group qft.fuse runs as one (all members present and of one kind: 4 or 16 bits), else 0."""
+    members = [l for l in p.projections if l.depth == depth and l.proj in names]
+    bits = {p.quant[l.name]["bits"] for l in members}
+    if len(members) != len(names) or len(bits) != 1 or bits == {8}:
+        return 0
+    return sum(l.out_features for l in members)
 
 
 # ----------------------------------------------------------------------------------------------- per-layer costs
@@ -408,13 +421,15 @@ def layer_costs(cfg, micro_batch: int | None = None, *, plan_: Plan | None = Non
     # logits only at the k+1 answer positions, of which the fp32 log-softmax of the n answer rows is kept.
     V, k = sh.vocab, p.answer
     n = b * k if p.answer_rows is None else -(-p.answer_rows * b // p.batch)
-    head_act = ((4 * sh.hidden + 4) * t + 4 * n * V + (c * V * sh.hidden if c < 4 else 0)) if grad else 0
+    head_cast = c * V * sh.hidden if c < 4 else 0  # with fused projections it is made once and kept (qft.fuse)
+    head_act = ((4 * sh.hidden + 4) * t + 4 * n * V + (0 if p.fused else head_cast)) if grad else 0
     # forward: the logits, their fp32 upcast (autocast) while the n answer rows are picked from it, then
     # those rows while their log-softmax is computed; backward: two n x V fp32 gradients, log-softmax held
     logits = c * b * (k + 1) * V
     head_work = max(logits + (4 * b * k * V if c < 4 else 0), logits + 4 * n * V, 8 * n * V) if grad else 0
-    out.append(LayerCost("head", p.head_bytes, head_act, head_work,
-                         {"frozen.other": p.head_bytes, "act.logits": head_act}))
+    kept = head_cast if p.fused else 0
+    out.append(LayerCost("head", p.head_bytes + kept, head_act, head_work,
+                         {"frozen.other": p.head_bytes, "frozen.head_cast": kept, "act.logits": head_act}))
     return out
 
 
