@@ -7,7 +7,7 @@
 
 Each config is built as qft.run.build builds it (the packaged SmolLM2-135M or tiny_llama, quantized,
 adapters attached) on BBC News batches, then runs two training steps as qft.train does (answer loss,
-backward, clipping, AdamW step, zero_grad); the second is measured (qft.memory.measure_peak: the CPU
+backward, clipping, AdamW step, zero_grad); the second is measured (qft.measure.measure_peak: the CPU
 allocator's events through torch.profiler, torch.cuda.max_memory_allocated on CUDA), so the optimizer
 states already exist. Measured peak = resident tensors (model + optimizer state) + the step's peak above
 them. The estimate is qft.memory.estimate of the same config, from the config alone: sequence length
@@ -98,7 +98,7 @@ def measure(name: str, only_estimate: bool = False) -> dict:
     """Build the config's model, run two steps on its first BBC News batch, measure the second."""
     import torch
 
-    from qft import memory, model, run
+    from qft import measure, model, run
 
     cfg = compose(CONFIGS[name])
     t0 = time.time()
@@ -110,7 +110,7 @@ def measure(name: str, only_estimate: bool = False) -> dict:
     device = torch.device(cfg.device)
     built = run.build(cfg, source, device)
     dtype = model.compute_dtype(cfg.quant.compute_dtype, device)
-    m = memory.measure_step(built.model, cfg.train, [batch], pad_id, dtype)
+    m = measure.measure_step(built.model, cfg.train, [batch], pad_id, dtype)
     return _errors({**out, "measured_bytes": m["peak"], "resident_bytes": m["resident"], "step_peak_bytes": m["step"],
                     "seconds": time.time() - t0})
 

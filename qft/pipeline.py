@@ -9,162 +9,22 @@ norm across stages and every stage steps its own AdamW, so the loss curve and th
 single-process run to numerical tolerance. Afterwards the stages' adapter weights are gathered on rank 0,
 which scores and records the run as usual.
 
-The stage boundaries come from `plan`: balanced on per-stage PEAK memory (frozen base, adapter, gradients
-and optimizer states plus the activations of the micro-batches a stage holds in flight: up to p - s in
-1F1B), not on parameter counts, which a 4-bit frozen base makes meaningless; with a per-device budget it
-also picks the stages whose activations go to host memory.
+The stage boundaries come from `qft.stages.plan`, balanced on per-stage peak memory.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from qft import offload
-from qft import layers as L
+from qft import measure, offload
 from qft.errors import QftError
 from qft.model import autocast
-
-GiB = 1024 ** 3  # memory in GiB (offload.device_budget_gb too); bandwidth in GB/s
-
-
-# --------------------------------------------------------------------------- planning
-
-def in_flight(stage: int, stages: int, micro_batches: int, schedule: str) -> int:
-    """Micro-batches of activations stage `stage` holds at its peak."""
-    return micro_batches if schedule == "gpipe" else min(micro_batches, stages - stage)
-
-
-@dataclass
-class Plan:
-    boundaries: list  # first layer of each stage after the first
-    offloaded: list  # stages whose saved activations live in host memory
-    peaks: list  # estimated bytes per stage
-    layers: list = field(default_factory=list)  # [lo, hi) per stage
-
-
-def _peak(fixed, act, lo, hi, s, p, m, schedule, off, ends, work=None) -> float:
-    """Peak bytes of stage s holding layers [lo, hi): fixed bytes, activations in flight (one
-    micro-batch's working set when offloaded), the largest transient of a layer's backward, and the
-    embedding or head at the ends."""
-    n_act = 1 if off else in_flight(s, p, m, schedule)
-    total = sum(fixed[lo:hi]) + n_act * sum(act[lo:hi]) + (max(work[lo:hi]) if work else 0)
-    if s == 0:
-        total += ends[0]
-    if s == p - 1:
-        total += ends[1]
-    return total
-
-
-def balance(fixed, act, stages: int, micro_batches: int, schedule: str, ends=(0.0, 0.0),
-            offloaded=(), work=None) -> tuple[list, list]:
-    """Contiguous split of the layers into `stages` that minimises the largest stage peak (exact DP)."""
-    n = len(fixed)
-    if n < stages:
-        raise QftError("offload.stages", stages, f"at most the number of decoder layers ({n})")
-    inf = float("inf")
-    # best[s][i]: smallest max-peak of stages 0..s-1 covering layers [0, i)
-    best = [[inf] * (n + 1) for _ in range(stages + 1)]
-    cut = [[0] * (n + 1) for _ in range(stages + 1)]
-    best[0][0] = 0.0
-    for s in range(1, stages + 1):
-        for i in range(s, n - (stages - s) + 1):
-            for j in range(s - 1, i):
-                if best[s - 1][j] == inf:
-                    continue
-                v = max(best[s - 1][j], _peak(fixed, act, j, i, s - 1, stages, micro_batches, schedule,
-                                              s - 1 in offloaded, ends, work))
-                if v < best[s][i]:
-                    best[s][i], cut[s][i] = v, j
-    bounds, i = [], n
-    for s in range(stages, 0, -1):
-        i = cut[s][i]
-        bounds.append(i)
-    bounds = sorted(bounds)[1:]
-    return bounds, peaks_of(fixed, act, bounds, micro_batches, schedule, ends, offloaded, work)
-
-
-def uniform(n: int, stages: int) -> list:
-    return [round(n * s / stages) for s in range(1, stages)]
-
-
-def peaks_of(fixed, act, bounds, micro_batches, schedule, ends=(0.0, 0.0), offloaded=(), work=None) -> list:
-    edges = [0, *bounds, len(fixed)]
-    p = len(edges) - 1
-    return [_peak(fixed, act, edges[s], edges[s + 1], s, p, micro_batches, schedule, s in offloaded, ends, work)
-            for s in range(p)]
-
-
-def plan_split(fixed, act, stages: int, micro_batches: int, schedule: str, ends=(0.0, 0.0), split="memory",
-               budget: float | None = None, offload_stages="auto", work=None) -> Plan:
-    """Stage boundaries and offloaded stages. With a budget and `offload_stages=auto`, offload the fewest
-    stages (the earliest, which hold the most in flight, first) that let a balanced split fit; every copy
-    costs step time, so fewer offloaded stages is cheaper."""
-    n = len(fixed)
-
-    def split_for(off):
-        if split == "uniform":
-            b = uniform(n, stages)
-            return b, peaks_of(fixed, act, b, micro_batches, schedule, ends, off, work)
-        if split == "memory":
-            return balance(fixed, act, stages, micro_batches, schedule, ends, off, work)
-        b = list(split)
-        if len(b) != stages - 1 or b != sorted(b) or len(set(b)) != len(b) or not all(0 < x < n for x in b):
-            raise QftError("offload.split", split, f"memory, uniform, or {stages - 1} increasing layer indices "
-                                                   f"in 1..{n - 1}")
-        return b, peaks_of(fixed, act, b, micro_batches, schedule, ends, off, work)
-
-    if offload_stages != "auto":
-        off = sorted(offload_stages)
-        if any(not isinstance(s, int) or not 0 <= s < stages for s in off):
-            raise QftError("offload.offload_stages", offload_stages, f"auto or stage indices in 0..{stages - 1}")
-        candidates = [off]
-    elif budget is None:
-        candidates = [[]]
-    else:
-        candidates = [list(range(k)) for k in range(stages + 1)]
-    for off in candidates:
-        bounds, peaks = split_for(off)
-        if budget is None or max(peaks) <= budget:
-            edges = [0, *bounds, n]
-            return Plan(bounds, off, peaks, [[edges[s], edges[s + 1]] for s in range(stages)])
-    smallest = max(split_for(candidates[-1])[1])
-    raise QftError("offload.device_budget_gb", round(budget / GiB, 3),
-                   f"too small for {stages} stages even with {'every' if offload_stages == 'auto' else 'the listed'}"
-                   f" stage offloaded; the smallest budget that fits is {smallest / GiB:.3f} GiB "
-                   f"(or use more stages)")
-
-
-def plan(cfg, model_type: str = "llama") -> Plan:
-    """The plan for a composed config, from the memory model's per-layer costs (no weights needed)."""
-    from qft import memory
-
-    staged = sorted(n for n, a in L.REGISTRY.items() if a.pipeline)
-    if model_type not in staged:
-        raise QftError("offload.mode", "pipeline", f"supports {', '.join(staged)} decoders (the registry in "
-                                                   f"qft/layers.py); this model is {model_type}")
-
-    resolved = memory.plan(cfg)
-    costs = memory.layer_costs(cfg, plan_=resolved)
-    layers = [c for c in costs if c.name.startswith("layer.")]
-    embed, head = costs[0], costs[-1]  # the head's logits are held per micro-batch only while it runs
-    # a tied head is the embedding matrix, which the last stage then holds as well as the first
-    ends = (embed.fixed, head.fixed + head.act + head.work + (embed.fixed if resolved.tied else 0))
-    o = cfg.offload
-    split = o.split if isinstance(o.split, str) else list(o.split)
-    if isinstance(split, str) and split not in ("memory", "uniform"):
-        raise QftError("offload.split", split, "memory, uniform, or a list of stage boundaries")
-    budget = None if o.device_budget_gb is None else o.device_budget_gb * GiB
-    stages_off = o.offload_stages if isinstance(o.offload_stages, str) else list(o.offload_stages)
-    if isinstance(stages_off, str) and stages_off != "auto":
-        raise QftError("offload.offload_stages", stages_off, "auto or a list of stage indices")
-    return plan_split([c.fixed for c in layers], [c.act for c in layers], o.stages, o.micro_batches, o.schedule,
-                      ends, split, budget, stages_off, [c.work for c in layers])
+from qft.stages import Plan
 
 
 # --------------------------------------------------------------------------- processes
@@ -262,9 +122,8 @@ def train(net, task, cfg, the_plan: Plan, dtype, pad_id: int, seed: int, device:
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
     from tqdm.auto import tqdm
 
-    from qft import memory
     from qft.data import batch
-    from qft.train import History, _optimizer, finish_step, lr_factor, micro_batch_indices
+    from qft.train import History, make_optimizer, finish_step, lr_factor, micro_batch_indices
 
     rank, p = world()
     tcfg, ocfg = cfg.train, cfg.offload
@@ -273,7 +132,7 @@ def train(net, task, cfg, the_plan: Plan, dtype, pad_id: int, seed: int, device:
         net.get_base_model().gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     stage.train()
     params = [q for q in stage.parameters() if q.requires_grad]
-    opt = _optimizer(tcfg, params)
+    opt = make_optimizer(tcfg, params)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(tcfg, s))
     schedule_cls = Schedule1F1B if ocfg.schedule == "1f1b" else ScheduleGPipe
     split = task.splits["train"]
@@ -327,9 +186,9 @@ def train(net, task, cfg, the_plan: Plan, dtype, pad_id: int, seed: int, device:
 
         if history.step == 1 or tcfg.steps == 1:  # measured once, when the optimizer states exist
             out = {}
-            peak = memory.measure_peak(lambda: out.update(r=forward_backward()), device)
+            peak = measure.measure_peak(lambda: out.update(r=forward_backward()), device)
             total, tokens = out["r"]
-            measured = {"resident": memory.tensor_bytes(stage, opt), "step_peak": peak}
+            measured = {"resident": measure.tensor_bytes(stage, opt), "step_peak": peak}
         else:
             total, tokens = forward_backward()
         dist.broadcast(total, src=p - 1)  # every stage learns the loss (and stops together on NaN)

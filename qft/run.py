@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from qft import adapter, budget, config, data, evaluate, fuse, layers, logger, model, pipeline, quant, record, train
+from qft import (adapter, budget, data, evaluate, fuse, layers, logger, model, pipeline, quant, record, stages,
+                 train, validate)
 from qft.errors import QftError
 
 
@@ -41,25 +42,25 @@ def run(cfg, run_dir: Path) -> dict:
            "execution": record.execution(cfg)}
     tracker = logger.Tracker()
     try:
-        device = torch.device(config.validate(cfg))
+        device = torch.device(validate.validate(cfg))
         record.reset_peak_memory(device)
         train.tune_host_allocator(cfg.train)
         source = model.resolve(cfg.model, cfg.cache_dir)
         rec["budget_ranks"] = budget.apply(cfg, budget.meta_layers(source)) if cfg.budget.params is not None else None
-        config.validate(cfg, depth=source.num_layers)
+        validate.validate(cfg, depth=source.num_layers)
         # a pipeline's plan, before any weight: a budget too small or an unsupported model fails here
-        stages = pipeline.plan(cfg, source.model_type) if cfg.offload.mode == "pipeline" else None
-        if stages:
-            rec["pipeline"] = stages.__dict__
+        stage_plan = stages.plan(cfg, source.model_type) if cfg.offload.mode == "pipeline" else None
+        if stage_plan:
+            rec["pipeline"] = stage_plan.__dict__
             device = pipeline.init(cfg, device)
         tokenizer = model.load_tokenizer(source)
         task = data.prepare(cfg.data, tokenizer, cfg.cache_dir)
         tracker = logger.make(cfg.logger, run_dir, cfg.experiment)
         tracker.params(record.flatten(rec["config"]))
         t_load = time.time()
-        built = build(cfg, source, torch.device("cpu") if stages else device)  # a stage moves its own layers
+        built = build(cfg, source, torch.device("cpu") if stage_plan else device)  # a stage moves its own layers
         rec["load_seconds"] = time.time() - t_load
-        rec.update(_train_and_score(cfg, run_dir, config_hash, task, tokenizer, built, device, tracker, stages))
+        rec.update(_train_and_score(cfg, run_dir, config_hash, task, tokenizer, built, device, tracker, stage_plan))
     except BaseException as e:
         rec.update(status="failed", error=f"{type(e).__name__}: {e}", wall_seconds=time.time() - started)
         if not isinstance(e, QftError):
@@ -116,7 +117,7 @@ def build(cfg, source: model.Source, device: torch.device) -> Built:
 
 
 def _train_and_score(cfg, run_dir: Path, config_hash: str, task, tokenizer, built: Built, device, tracker,
-                     stages: pipeline.Plan | None = None) -> dict:
+                     stage_plan: stages.Plan | None = None) -> dict:
     net = built.model
     dtype = model.compute_dtype(cfg.quant.compute_dtype, device)
 
@@ -140,8 +141,8 @@ def _train_and_score(cfg, run_dir: Path, config_hash: str, task, tokenizer, buil
     lead = pipeline.world()[0] == 0  # in a pipeline, rank 0 holds the whole model and scores it
     zero_shot = accuracies("zero_shot") if lead and (cfg.train.zero_shot or not adapted) else None
     measured = None  # per-stage memory of a pipeline run
-    if stages:
-        history, stage, measured = pipeline.train(net, task, cfg, stages, dtype, tokenizer.pad_token_id, cfg.seed,
+    if stage_plan:
+        history, stage, measured = pipeline.train(net, task, cfg, stage_plan, dtype, tokenizer.pad_token_id, cfg.seed,
                                                   device)
         pipeline.gather(net, stage, run_dir)
         if not lead:

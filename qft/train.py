@@ -91,7 +91,7 @@ class History:
     step: int = 0
 
 
-def _optimizer(cfg, params):
+def make_optimizer(cfg, params):
     kwargs = dict(lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.999))
     if cfg.optimizer == "adamw":
         return torch.optim.AdamW(params, **kwargs)
@@ -233,7 +233,7 @@ def train(model, task: Task, cfg, run_dir: Path, dtype: torch.dtype, pad_id: int
     log-likelihood)) is called every `eval_every` steps
     and `track(metrics, step)` after every step."""
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = _optimizer(cfg, params)
+    opt = make_optimizer(cfg, params)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(cfg, s))
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from qft import config, layers, memory, model, offload, quant, train  # noqa: E402
+from qft import config, layers, measure, memory, model, offload, quant, train  # noqa: E402
 from qft import adapter as qadapter  # noqa: E402
 
 CUDA = torch.cuda.is_available()
@@ -180,7 +180,7 @@ def _():
     c = cfg("train.batch_size=8", "data.max_length=64")
     net = built(c)
     prompts, answers = batch(8, 62, 2)
-    got = memory.measure_step(net, c.train, [(prompts, answers)], 2, torch.bfloat16)
+    got = measure.measure_step(net, c.train, [(prompts, answers)], 2, torch.bfloat16)
     est = memory.estimate(c, source(c), answer_tokens=2, padded=False)
     return "ok", f"estimated {est.peak / 2**30:.3f} GiB, measured {got['peak'] / 2**30:.3f} GiB " \
                  f"(max_memory_allocated; ratio {est.peak / got['peak']:.2f})"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from qft import config, memory, power, report, simulate
+from qft import config, memory, power, report, simulate, validate
 from qft.errors import QftError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -92,7 +92,7 @@ def check_qft_run(args: list[str], env: dict, monkeypatch) -> None:
             job = hydra_cfg([*point, *more])
             dry = "hydra/launcher=dry_run" in point
             # a dry run plans jobs for a cluster: its data and benchmark files live there
-            config.validate(job, planning=job.device == "cuda" or dry, files=not dry and not env)
+            validate.validate(job, planning=job.device == "cuda" or dry, files=not dry and not env)
 
 
 def sweep_folders() -> set[str]:
@@ -121,7 +121,7 @@ def test_documented_command_runs_as_written(where, line, monkeypatch, tmp_path):
     elif module in ("qft.memory", "qft.budget"):
         assert not any(a.startswith("--") for a in args), f"{line}: {module} takes Hydra overrides only"
         cfg = hydra_cfg(args)
-        memory.plan(cfg) if module == "qft.memory" else config.validate(cfg, planning=True)
+        memory.plan(cfg) if module == "qft.memory" else validate.validate(cfg, planning=True)
     elif module == "qft.report":
         ns = report.parser().parse_args(args)
         assert all(Path(p).exists() or p in sweep_folders() for p in ns.paths), line
@@ -143,7 +143,7 @@ def test_bad_documented_overrides_would_fail():
     with pytest.raises(SystemExit):
         report.parser().parse_args(["results", "--budget-gb", "24"])
     with pytest.raises(QftError):
-        config.validate(hydra_cfg(["data=local", "data.path=/no/such.csv"]))
+        validate.validate(hydra_cfg(["data=local", "data.path=/no/such.csv"]))
 
 
 def test_gpu_check_runs_its_cpu_parts_and_names_what_it_skips():

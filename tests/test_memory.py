@@ -6,7 +6,7 @@ import torch
 from conftest import build, make_cfg
 from omegaconf import open_dict
 
-from qft import memory, quant
+from qft import footprint, measure, memory, quant
 from qft.errors import QftError
 
 B, S, K = 8, 32, 2  # a synthetic batch: every answer K tokens, widths S - 2 .. S (left padding)
@@ -33,13 +33,13 @@ def sized(cfg, b=B, s=S):
 ])
 def test_weight_bytes_equal_the_quantized_model(overrides):
     cfg, source, built = build(*overrides)
-    plan = memory.plan(cfg)
-    costs = memory.layer_costs(cfg, plan_=plan)
+    plan = footprint.plan(cfg)
+    costs = footprint.layer_costs(cfg, plan_=plan)
     base = built.model.get_base_model()
     for layer in built.projections:  # module by module, statistics included
         module = base.get_submodule(layer.name)
         module = getattr(module, "base_layer", module)
-        assert memory.projection_bytes(layer.in_features, layer.out_features, plan.quant[layer.name],
+        assert footprint.projection_bytes(layer.in_features, layer.out_features, plan.quant[layer.name],
                                        plan.compute_bytes, layer.name in plan.biased) == quant.module_bytes(module)
     got = {lt: sum(c.detail.get(f"frozen.{lt}", 0) for c in costs) for lt in ("attn", "mlp")}
     got["other"] = sum(c.detail["frozen.other"] for c in costs)  # embedding (tied: once), norms, rotary
@@ -49,7 +49,7 @@ def test_weight_bytes_equal_the_quantized_model(overrides):
 def test_adapter_gradient_and_optimizer_bytes_are_exact():
     cfg, _, built = build("adapter.attn.r=4", "adapter.mlp.r=2", "+adapter.projections.v_proj={r:8,alpha:8}",
                           "+adapter.depth_groups.last={layers:[3,3],r:0}")
-    costs = memory.layer_costs(cfg)
+    costs = footprint.layer_costs(cfg)
     trainable = [p for p in built.model.parameters() if p.requires_grad]
     n = sum(p.numel() for p in trainable)
     assert sum(c.detail.get("params", 0) for c in costs) == n == built.params["total"]
@@ -59,8 +59,8 @@ def test_adapter_gradient_and_optimizer_bytes_are_exact():
     for p in trainable:
         p.grad = torch.zeros_like(p)
     opt.step()  # allocates the states: two fp32 moments a parameter and a step counter a tensor
-    assert sum(c.detail.get("optimizer", 0) for c in costs) == memory.tensor_bytes(opt)
-    assert memory.optimizer_bytes([100, 5000], "adamw8bit", "cuda") == 8 * 100 + 2 * 5000 + 2 * 4 * 20 + 2048
+    assert sum(c.detail.get("optimizer", 0) for c in costs) == measure.tensor_bytes(opt)
+    assert footprint.optimizer_bytes([100, 5000], "adamw8bit", "cuda") == 8 * 100 + 2 * 5000 + 2 * 4 * 20 + 2048
 
 
 def test_measure_peak_counts_what_is_held():
@@ -70,7 +70,7 @@ def test_measure_peak_counts_what_is_held():
         del a
         c = torch.empty(3 << 20, dtype=torch.uint8)
         del b, c
-    assert memory.measure_peak(fn) == 5 << 20
+    assert measure.measure_peak(fn) == 5 << 20
 
 
 @pytest.mark.parametrize("overrides", [
@@ -83,7 +83,7 @@ def test_estimated_step_peak_is_near_the_measured_one(overrides):
     cfg = sized(cfg)
     est = memory.estimate(cfg, answer_tokens=K)
     dtype = torch.bfloat16 if cfg.quant.compute_dtype == "bf16" else torch.float32
-    measured = memory.measure_step(built.model, cfg.train, [batch()], 2, dtype)
+    measured = measure.measure_step(built.model, cfg.train, [batch()], 2, dtype)
     assert abs(est.peak / measured["peak"] - 1) < 0.15, (est.components, measured)
     assert sum(est.components.values()) == est.peak
 
@@ -108,23 +108,23 @@ def test_checkpointing_and_offload_lower_the_activations():
 def test_1f1b_stage_peaks_fall_with_stage_index_and_gpipe_holds_every_micro_batch():
     cfg = sized(make_cfg("model.arch.num_hidden_layers=8", "offload=pipeline", "offload.stages=4", "device=cuda"),
                 b=16, s=64)
-    plan = memory.plan(cfg)
-    mb = memory.layer_costs(cfg, 4, plan_=plan)  # micro-batch = 16 / 4
+    plan = footprint.plan(cfg)
+    mb = footprint.layer_costs(cfg, 4, plan_=plan)  # micro-batch = 16 / 4
     per_stage_act = mb[3].act + mb[4].act + mb[0].act  # layers 2 and 3 (as every layer after the first), rotary
-    one = memory.stage_peaks(cfg, [2, 4, 6], "1f1b", 4, plan_=plan)
+    one = footprint.stage_peaks(cfg, [2, 4, 6], "1f1b", 4, plan_=plan)
     assert one[0] > one[1] > one[2]
     assert one[1] - one[2] == per_stage_act  # 3 micro-batches in flight against 2
-    gpipe = memory.stage_peaks(cfg, [2, 4, 6], "gpipe", 4, plan_=plan)
+    gpipe = footprint.stage_peaks(cfg, [2, 4, 6], "gpipe", 4, plan_=plan)
     assert gpipe[1] == gpipe[2] == one[1] + per_stage_act  # all 4
     host = []
-    off = memory.stage_peaks(cfg, [2, 4, 6], "1f1b", 4, offload_stages=(0,), plan_=plan, host=host)
+    off = footprint.stage_peaks(cfg, [2, 4, 6], "1f1b", 4, offload_stages=(0,), plan_=plan, host=host)
     assert off[0] < one[0] and off[1:] == one[1:] and host[0] == 4 * (mb[1].act + mb[2].act) and host[1:] == [0, 0, 0]
     with pytest.raises(QftError) as e:
-        memory.stage_peaks(cfg, [2, 4, 6], "1f1b", 3, plan_=plan)
+        footprint.stage_peaks(cfg, [2, 4, 6], "1f1b", 3, plan_=plan)
     assert e.value.key == "offload.micro_batches"
     est = memory.estimate(cfg)  # the planner's split, broken down on the most loaded stage
     assert len(est.stage_peaks) == 4 and sum(est.components.values()) == est.peak
-    assert est.stage_peaks == memory.stage_peaks(cfg, est.boundaries, offload_stages=est.offloaded)
+    assert est.stage_peaks == footprint.stage_peaks(cfg, est.boundaries, offload_stages=est.offloaded)
 
 
 @pytest.mark.parametrize("override, key", [("quant.attn.bits=5", "quant.attn.bits"),

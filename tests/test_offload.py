@@ -55,9 +55,9 @@ def test_parameters_and_small_tensors_stay_put():
                                           ("offload=pipeline offload.micro_batches=3", "offload.micro_batches"),
                                           ("offload=activations offload.route=neighbour", "offload.route")])
 def test_bad_offload_settings_name_the_key(override, key):
-    from qft import config
+    from qft import validate
     from qft.errors import QftError
 
     with pytest.raises(QftError) as e:
-        config.validate(make_cfg(*override.split()))
+        validate.validate(make_cfg(*override.split()))
     assert e.value.key == key

@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from qft import pipeline
+from qft import stages
 from qft.errors import QftError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,15 +64,15 @@ def test_balance_follows_peak_memory_not_layer_count():
     fixed = [1.0] * 8
     act = [1.0] * 8
     act[6] = 9.0
-    b, peaks = pipeline.balance(fixed, act, 2, 4, "1f1b")
-    assert peaks == pipeline.peaks_of(fixed, act, b, 4, "1f1b")
-    uniform = pipeline.peaks_of(fixed, act, pipeline.uniform(8, 2), 4, "1f1b")
+    b, peaks = stages.balance(fixed, act, 2, 4, "1f1b")
+    assert peaks == stages.peaks_of(fixed, act, b, 4, "1f1b")
+    uniform = stages.peaks_of(fixed, act, stages.uniform(8, 2), 4, "1f1b")
     assert max(peaks) < max(uniform)
     # the exact optimum over every cut
-    best = min(max(pipeline.peaks_of(fixed, act, [c], 4, "1f1b")) for c in range(1, 8))
+    best = min(max(stages.peaks_of(fixed, act, [c], 4, "1f1b")) for c in range(1, 8))
     assert max(peaks) == best
     # uniform layers: the early stage, holding more in flight, gets fewer layers
-    b, peaks = pipeline.balance([0.0] * 12, [1.0] * 12, 3, 8, "1f1b")
+    b, peaks = stages.balance([0.0] * 12, [1.0] * 12, 3, 8, "1f1b")
     edges = [0, *b, 12]
     sizes = [edges[i + 1] - edges[i] for i in range(3)]
     assert sizes[0] < sizes[1] < sizes[2] and sizes == [2, 3, 7]
@@ -80,16 +80,16 @@ def test_balance_follows_peak_memory_not_layer_count():
 
 def test_budget_offloads_the_fewest_early_stages_or_names_the_smallest_that_fits():
     fixed, act = [1.0] * 12, [1.0] * 12
-    free = pipeline.plan_split(fixed, act, 3, 8, "1f1b")
+    free = stages.plan_split(fixed, act, 3, 8, "1f1b")
     assert free.offloaded == []
-    tight = pipeline.plan_split(fixed, act, 3, 8, "1f1b", budget=max(free.peaks) - 1)
+    tight = stages.plan_split(fixed, act, 3, 8, "1f1b", budget=max(free.peaks) - 1)
     assert tight.offloaded == [0] and max(tight.peaks) <= max(free.peaks) - 1
-    everything = pipeline.plan_split(fixed, act, 3, 8, "1f1b", offload_stages=[0, 1, 2])
+    everything = stages.plan_split(fixed, act, 3, 8, "1f1b", offload_stages=[0, 1, 2])
     with pytest.raises(QftError) as e:
-        pipeline.plan_split(fixed, act, 3, 8, "1f1b", budget=max(everything.peaks) - 0.5)
+        stages.plan_split(fixed, act, 3, 8, "1f1b", budget=max(everything.peaks) - 0.5)
     assert e.value.key == "offload.device_budget_gb" and "smallest budget that fits" in str(e.value)
     with pytest.raises(QftError):
-        pipeline.plan_split(fixed, act, 3, 8, "1f1b", split=[4, 2])
+        stages.plan_split(fixed, act, 3, 8, "1f1b", split=[4, 2])
 
 
 def test_pipeline_needs_one_process_per_stage(tmp_path):

@@ -1,0 +1,531 @@
+"""The memory model of one qft training step, from the composed config alone (`python -m qft.memory` asks it).
+
+The model is built on the meta device (no weights), so a 70B architecture is planned in seconds. Bytes are
+counted the way qft's code really holds them: NF4/FP4 and LLM.int8 weights with bitsandbytes' exact
+statistics; embeddings, norms and the LM head in fp32; LoRA weights, gradients and AdamW states in fp32;
+activations as autograd really saves them, under bf16 autocast or in fp32. Korthikanti et al. (2022) give
+s*b*h*(34 + 5*a*s/h) bytes per layer for a 16-bit GPT without recomputation; qft's LLaMA layers differ in
+every term: the residual stream and RMSNorm inputs are fp32 (norms and embeddings stay fp32), 4-bit
+projections return fp32, SwiGLU keeps three MLP-wide tensors, SDPA keeps q, k, v, its output and the
+log-sum-exp instead of the s x s scores (plus its own additive copy of the padding mask), each LoRA side
+path keeps its dropout mask, a bf16 copy of its input and its rank-r middle, and bitsandbytes' int8 matmul
+keeps its input. Each term was derived from the tensors autograd saves (`saved_tensors_hooks`; they agree
+to 0.1%), the transient terms were fitted to `measure_peak` (benchmarks/memory.py: within 2.5% given the
+batch's shape, within 5.5% from the config alone on SmolLM2).
+
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import dataclass, field
+
+import torch
+
+from qft import adapter as A
+from qft import budget, quant
+from qft import layers as L
+from qft.errors import QftError
+from qft.model import DTYPES
+
+GiB = 1024 ** 3  # memory in GiB everywhere qft prints it (offload.device_budget_gb too); bandwidth in GiB/s
+ANSWER_TOKENS = 4  # classification answers, which the config alone cannot tokenize: a label word of up to 4 tokens
+
+
+# ----------------------------------------------------------------------------------------------- inputs
+
+@dataclass(frozen=True)
+class Shape:
+    """What memory depends on in an architecture."""
+
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+
+    @classmethod
+    def of(cls, config) -> "Shape":
+        heads = config.num_attention_heads
+        return cls(config.num_hidden_layers, config.hidden_size, config.intermediate_size, heads,
+                   getattr(config, "num_key_value_heads", None) or heads,
+                   getattr(config, "head_dim", None) or config.hidden_size // heads, config.vocab_size)
+
+
+@dataclass
+class Plan:
+    """A config resolved against an architecture: everything the estimate reads."""
+
+    name: str
+    shape: Shape
+    projections: list  # qft.layers.Layer
+    quant: dict  # projection name -> quantization settings
+    ranks: dict  # projection name -> LoRA rank
+    biased: set  # projections with a bias (qwen2's attention)
+    embed_bytes: int  # the input embedding (fp32)
+    layer_other: list  # per decoder layer: its frozen non-projection tensors (norms)
+    head_bytes: int  # final norm, untied LM head, rotary buffers (a tied head is the embedding, counted once)
+    tied: bool
+    device: str  # "cpu" or "cuda": the kernels the activation terms assume
+    compute_dtype: str
+    compute_bytes: int
+    dropout: bool
+    dequantized: bool  # quant.cache_dequantized: 4-bit weights held dequantized in the compute dtype
+    checkpointing: bool
+    optimizer: str
+    batch: int  # train.batch_size: one micro-step's examples
+    seq: int  # data.max_length: the widest batch
+    answer: int  # answer tokens k: the head runs on k+1 positions
+    answer_rows: int | None  # answer tokens in one batch of train.batch_size (None: every answer k long)
+    padded: bool  # batches of unequal lengths (a padding mask): the conservative assumption
+    eval_batch: int
+    offload: dict
+    fast_mask: bool = False  # adapter.dropout_mask=fast keeps a 1-byte mask, torch's dropout one in its input's dtype
+    fused: bool = False  # train.fuse_projections: groups reading one input share a matmul; the head is cast once
+
+
+def meta_model(source):
+    """The architecture on the meta device, in qft's fp32: shapes and byte counts without weights."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(source.config, dtype=torch.float32)
+
+
+_ARCHITECTURES: dict = {}  # the last architecture's derived numbers: suggestions re-plan it many times
+
+
+def _architecture(source):
+    """Projections, shape and frozen non-projection bytes (embedding, per layer, head) of an architecture."""
+    key = source.config.to_json_string()
+    if key in _ARCHITECTURES:
+        return _ARCHITECTURES[key]
+    net = meta_model(source)
+    projections = L.classify(net, source.model_type)
+    shape = Shape.of(source.config)
+    seen = {id(t) for l in projections for t in net.get_submodule(l.name).parameters(recurse=False)}
+    embedding = net.get_input_embeddings().weight
+    embed, head, layer_other = 0, 0, [0] * shape.layers
+    for n, t in list(net.named_parameters()) + list(net.named_buffers()):  # tied tensors come once
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        nbytes = t.numel() * t.element_size()
+        depth = re.search(r"(?:^|\.)layers\.(\d+)\.", n)
+        if t is embedding:
+            embed += nbytes
+        elif depth:
+            layer_other[int(depth.group(1))] += nbytes
+        else:
+            head += nbytes
+    out_emb = net.get_output_embeddings()
+    biased = {l.name for l in projections if getattr(net.get_submodule(l.name), "bias", None) is not None}
+    tied = out_emb is not None and out_emb.weight is embedding
+    derived = projections, shape, (embed, layer_other, head, tied, biased)
+    _ARCHITECTURES.clear()
+    _ARCHITECTURES[key] = derived
+    return derived
+
+
+def target_device(cfg) -> str:
+    """The device a config's memory is planned for: cpu or cuda (device=auto: what this machine has)."""
+    if cfg.device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return cfg.device  # device=cuda plans a GPU run from any machine
+
+
+def _compute_dtype(name: str, device: str) -> str:
+    """What quant.compute_dtype=auto means on the target: qft.model decides for this machine; a GPU planned
+    from a machine without one is assumed to have bf16 (Ampere and later)."""
+    from qft import model
+
+    if name == "auto" and device == "cuda" and not torch.cuda.is_available():
+        return "bf16"
+    return model.compute_dtype_name(name, device)
+
+
+def _validate(cfg, depth: int | None = None, files: bool = True) -> None:
+    """The run's own validation; a GPU planned from a machine without one passes the device check, and with
+    files=False so does a data or benchmark file that only the job's machine has."""
+    from qft import validate
+
+    validate.validate(cfg, depth, planning=True, files=files)
+
+
+def plan(cfg, source=None, answer_tokens: int | None = None, answer_rows: int | None = None,
+         padded: bool = True, files: bool = True) -> Plan:
+    """Validate the config as a run would and resolve it against the architecture (meta device).
+
+    What the config cannot say about the batches, if known: answer_tokens, the longest answer (default
+    ANSWER_TOKENS for classification, half of data.max_length for instruction data); answer_rows, the
+    answer tokens of one batch (default: all answers that long); padded, whether lengths differ.
+    """
+    from qft import model
+
+    _validate(cfg, files=files)
+    device = target_device(cfg)
+    source = source or model.resolve(cfg.model, cfg.cache_dir)
+    projections, shape, (embed, layer_other, head, tied, biased) = _architecture(source)
+    _validate(cfg, shape.layers, files=files)
+    off = dict(cfg.offload)
+    if off["mode"] == "pipeline" and off["stages"] > shape.layers:
+        raise QftError("offload.stages", off["stages"],
+                       f"at most {shape.layers} (the decoder layers of {cfg.model.name})")
+    if cfg.budget.params is not None:  # the run solves its ranks from the budget; so does the plan
+        cfg = copy.deepcopy(cfg)
+        budget.apply(cfg, projections)
+    ranks = {n: s["r"] for n, s in A.plan(cfg.adapter, projections).items()}
+    if answer_tokens is None:
+        answer_tokens = ANSWER_TOKENS if cfg.data.task == "classification" else cfg.data.max_length // 2
+    dtype = _compute_dtype(cfg.quant.compute_dtype, device)
+    return Plan(cfg.model.name, shape, projections, quant.plan(cfg.quant, projections), ranks, biased, embed,
+                layer_other, head, tied, device, dtype, DTYPES[dtype].itemsize,
+                float(cfg.adapter.dropout) > 0, bool(cfg.quant.get("cache_dequantized", False)),
+                bool(cfg.train.gradient_checkpointing), cfg.train.optimizer, int(cfg.train.batch_size),
+                int(cfg.data.max_length), int(answer_tokens), answer_rows, padded,
+                int(cfg.train.eval_batch_size), off, fast_mask=cfg.adapter.get("dropout_mask", "torch") == "fast",
+                fused=bool(cfg.train.get("fuse_projections", False)))
+
+
+# ----------------------------------------------------------------------------------------------- fixed bytes
+
+def projection_bytes(in_features: int, out_features: int, s: dict, compute_bytes: int = 2,
+                     bias: bool = False) -> int:
+    """Bytes bitsandbytes really holds for one frozen projection (equals qft.quant.module_bytes).
+
+    4-bit: two weights a byte, an fp32 absmax per block, the 16-entry fp32 code; with double quantization
+    the absmax is itself 8-bit with an fp32 offset, an fp32 absmax per 256 blocks and a 256-entry code.
+    8-bit: a byte a weight and an fp32 scale per output row. 16-bit: the compute dtype.
+    """
+    n = in_features * out_features
+    if s["bits"] == 16:
+        return n * compute_bytes + (out_features * compute_bytes if bias else 0)
+    extra = out_features * 4 if bias else 0
+    if s["bits"] == 8:
+        return n + out_features * 4 + extra
+    blocks = -(-n // s["block_size"])
+    stats = blocks + 4 + (-(-blocks // 256)) * 4 + 256 * 4 if s["double_quant"] else blocks * 4
+    return (n + 1) // 2 + stats + 16 * 4 + extra
+
+
+def format_of(s: dict, compute_dtype: str = "bf16") -> str:
+    """`nf4`, `fp4`, `int8` or the 16-bit dtype, as qft.quant.describe names a quantized module."""
+    return s["quant_type"] if s["bits"] == 4 else "int8" if s["bits"] == 8 else \
+        {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[compute_dtype]
+
+
+def optimizer_bytes(numels: list[int], optimizer: str, device: str) -> int:
+    """AdamW: two fp32 moments a parameter (torch keeps the step count on the host: a scalar tensor per
+    parameter, on the device only when that is the CPU). bitsandbytes 8-bit AdamW: two bytes a parameter
+    plus two fp32 absmax per 256, fp32 moments for tensors under its min_8bit_size (4096), and its two
+    256-entry quantization maps."""
+    if optimizer == "adamw":
+        return sum(8 * n for n in numels) + (4 * len(numels) if device == "cpu" else 0)
+    total = 2 * 256 * 4 if any(n >= 4096 for n in numels) else 0
+    for n in numels:
+        total += 8 * n if n < 4096 else 2 * n + 2 * 4 * -(-n // 256)
+    return total
+
+
+# ----------------------------------------------------------------------------------------------- activations
+
+def _mask_bytes(p: Plan) -> int:
+    """Bytes a dropout mask keeps per element: qft's fast mask is bool; torch's is in its input's dtype (fp32:
+    peft upcasts on CPU, and without autocast) or a CUDA bool mask."""
+    return 1 if p.fast_mask or (p.device == "cuda" and p.compute_bytes < 4) else 4
+
+
+def _layer_activations(p: Plan, depth: int, grad_in: bool, b: int) -> tuple[dict, bool]:
+    """Bytes one decoder layer saves for backward at micro-batch b, split into attn and mlp blocks, and
+    whether its output requires grad. Upstream of the first adapter nothing requires grad, so nothing is
+    saved there. Batches are assumed padded (the conservative side): with a padding mask SDPA gets k and v
+    repeated to every head and an additive mask copy; a batch of equal lengths has no mask, and then the
+    GQA kernel keeps k and v at the KV heads (SmolLM2 at b16 s64: 5% less); `padded=False` plans that."""
+    sh, c, s = p.shape, p.compute_bytes, p.seq
+    t = b * s
+    autocast = c < 4
+    q_dim = sh.heads * sh.head_dim
+    kv_dim = q_dim if p.padded else sh.kv_heads * sh.head_dim  # a padding mask rules out the GQA kernels
+    mask_el = _mask_bytes(p)
+    by_proj = {l.proj: l for l in p.projections if l.depth == depth}
+    shared = set()  # without autocast or dropout, projections reading the same input save it once
+
+    def r_of(proj: str) -> int:
+        return p.ranks.get(by_proj[proj].name, 0) if proj in by_proj else 0
+
+    def lora(proj: str, g: bool, source: str) -> int:
+        r = r_of(proj)
+        if not r:
+            return 0
+        d_in, d_out = by_proj[proj].in_features, by_proj[proj].out_features
+        sdpa_out = source == "o_in" and not p.dropout and (not autocast or p.device == "cuda")
+        if sdpa_out:  # o_proj's LoRA reads SDPA's output as is, which SDPA keeps anyway
+            keep = (c if autocast else 4) * r * t + (c * r * (d_in + d_out) if autocast else 0)
+        elif autocast:  # a bf16 copy of the input per projection, the rank-r middle, the cached bf16 weights
+            keep = c * (d_in + r) * t + c * r * (d_in + d_out)
+        elif p.dropout or source not in shared:  # the dropped (or shared) input and the middle, fp32
+            keep = 4 * (d_in + r) * t
+            if not p.dropout:
+                shared.add(source)
+        else:
+            keep = 4 * r * t
+        return keep + (mask_el * d_in * t if p.dropout and g else 0)
+
+    def out_bytes(proj: str) -> int:  # bitsandbytes 4-bit returns its input's dtype (fp32 here)
+        return 4 if proj not in by_proj or p.quant[by_proj[proj].name]["bits"] == 4 or not autocast else c
+
+    def int8(*projs) -> bool:
+        return any(x in by_proj and p.quant[by_proj[x].name]["bits"] == 8 for x in projs)
+
+    norm = (4 * sh.hidden + 4) * t  # RMSNorm keeps its fp32 input and the reciprocal rms
+    attn = norm if grad_in else 0
+    attn += sum(lora(x, grad_in, "attn_in") for x in ("q_proj", "k_proj", "v_proj"))
+    g_qkv = grad_in or any(r_of(x) for x in ("q_proj", "k_proj", "v_proj"))
+    if g_qkv:  # SDPA: q, k, v and the output, the fp32 log-sum-exp, and its own additive copy of the mask
+        attn += c * 2 * (q_dim + kv_dim) * t + 4 * sh.heads * t + (c * b * s * s if p.padded else 0)
+    attn += lora("o_proj", g_qkv, "o_in")
+    # bitsandbytes' int8 matmul keeps its input on its autograd node itself (ctx.A), past saved-tensor
+    # hooks and checkpointing: the fp32 norm output (shared by q, k, v). o_proj's input is SDPA's output
+    # (its kernels write it heads-last, so the transpose back is a view), which SDPA keeps anyway.
+    # (Without autocast and dropout the LoRA path keeps that very tensor: counted once.)
+    pinned = {"attn": 4 * sh.hidden * t if grad_in and int8("q_proj", "k_proj", "v_proj")
+              and "attn_in" not in shared else 0}
+    g_mid = g_qkv or r_of("o_proj") > 0
+    mlp = norm if g_mid else 0
+    mlp += lora("gate_proj", g_mid, "mlp_in") + lora("up_proj", g_mid, "mlp_in")
+    g_gu = g_mid or r_of("gate_proj") > 0 or r_of("up_proj") > 0
+    if g_gu:  # SwiGLU: silu's input and output, the up projection
+        mlp += sh.intermediate * (2 * out_bytes("gate_proj") + out_bytes("up_proj")) * t
+    mlp += lora("down_proj", g_gu, "down_in")
+    pinned["mlp"] = (4 * sh.hidden * t if g_mid and int8("gate_proj", "up_proj") and "mlp_in" not in shared else 0) \
+        + (max(out_bytes("gate_proj"), out_bytes("up_proj")) * sh.intermediate * t
+           if g_gu and int8("down_proj") and "down_in" not in shared else 0)
+    return {"attn": attn, "mlp": mlp, "pinned.attn": pinned["attn"], "pinned.mlp": pinned["mlp"]}, \
+        g_gu or r_of("down_proj") > 0
+
+
+def _layer_work(p: Plan, depth: int, b: int, saved: int) -> int:
+    """Transient bytes beyond what is held across layers, while this layer runs (calibrated on this machine).
+
+    Forward, at a stage's last layer with every earlier layer's activations held: the MLP product and
+    outputs, residual and norm temporaries and the embedding output the model keeps, about 4t(5h + f)
+    bytes (under autocast peft's fp32 upcasts of the LoRA inputs add half an MLP width), plus the largest
+    weight bitsandbytes dequantizes in the call (4-bit: to fp32, then to the compute dtype; int8 on CPU:
+    to its input's dtype). Backward: gradients in flight, about four fp32 hidden widths, or the fp32
+    weight 4-bit and int8 dequantize for the input gradient, less the projection's LoRA tensors already
+    freed by then. With checkpointing the layer's saved tensors are recomputed first and held meanwhile.
+    A weight held dequantized (quant.cache_dequantized) or in 16 bits needs no dequantization.
+    """
+    sh, c = p.shape, p.compute_bytes
+    t = b * p.seq
+    fwd = 4 * t * (5 * sh.hidden + (1.5 if c < 4 else 1) * sh.intermediate)
+    bwd = 4 * 4 * t * sh.hidden
+    fwd_w = bwd_w = 0
+    for l in p.projections:
+        if l.depth != depth:
+            continue
+        n, bits = l.in_features * l.out_features, p.quant[l.name]["bits"]
+        freed = (c + _mask_bytes(p) * p.dropout) * t * l.in_features if p.ranks.get(l.name) else 0
+        if bits == 4 and not p.dequantized:
+            fwd_w, bwd_w = max(fwd_w, n * (4 + (c if c < 4 else 0))), max(bwd_w, 4 * n - freed)
+        elif bits == 8:
+            fwd_w, bwd_w = max(fwd_w, 4 * n if p.device == "cpu" else 0), max(bwd_w, 4 * n - freed)
+    if p.fused:  # a fused group's output (compute dtype) is held until its last member has run
+        fwd += c * t * max([_group_width(p, depth, names) for names in L.Architecture().shared_input] + [0])
+    backward = max(bwd, bwd_w)
+    if p.checkpointing:
+        return int(max(saved + backward, fwd + fwd_w))
+    return int(max(fwd + fwd_w, backward))
+
+
+def _group_width(p: Plan, depth: int, names: tuple) -> int:
+    """Output width of a group qft.fuse runs as one (all members present and of one kind: 4 or 16 bits), else 0."""
+    members = [l for l in p.projections if l.depth == depth and l.proj in names]
+    bits = {p.quant[l.name]["bits"] for l in members}
+    if len(members) != len(names) or len(bits) != 1 or bits == {8}:
+        return 0
+    return sum(l.out_features for l in members)
+
+
+# ----------------------------------------------------------------------------------------------- per-layer costs
+
+def in_flight(stage: int, stages: int, micro_batches: int, schedule: str) -> int:
+    """Micro-batches (1F1B or GPipe) of activations stage `stage` holds at its peak."""
+    return micro_batches if schedule == "gpipe" else min(micro_batches, stages - stage)
+
+
+
+@dataclass
+class LayerCost:
+    """One contiguous piece of the model, for summing over pipeline stages.
+
+    fixed: frozen weights + adapter + gradients + optimizer states, held for the whole run (bytes);
+    act: activations held per micro-batch in flight (with checkpointing, only the layer's input);
+    work: transient peak while this piece runs (with checkpointing, the recomputed layer too);
+    detail: the components of fixed and act, for the table.
+    """
+
+    name: str
+    fixed: int
+    act: int
+    work: int
+    detail: dict = field(default_factory=dict)
+
+
+def layer_costs(cfg, micro_batch: int | None = None, *, plan_: Plan | None = None) -> list[LayerCost]:
+    """Costs of the embedding, every decoder layer and the head, in model order.
+
+    micro_batch defaults to train.batch_size / offload.micro_batches in a pipeline, else train.batch_size.
+    """
+    p = plan_ or plan(cfg)
+    b = micro_batch or _micro_batch(p)
+    sh, c, t = p.shape, p.compute_bytes, b * p.seq
+    rotary = 2 * 4 * t * sh.head_dim  # cos and sin (fp32, like the embedding), saved by every layer's rotary
+    out = [LayerCost("embed", p.embed_bytes, rotary, 0, {"frozen.other": p.embed_bytes, "act.rotary": rotary})]
+    grad = False  # does the hidden state entering this layer require grad?
+    per_depth: dict[int, list] = {}
+    for l in p.projections:
+        per_depth.setdefault(l.depth, []).append(l)
+    for depth in range(sh.layers):
+        detail = {f"frozen.{lt}": 0 for lt in L.LAYER_TYPES}
+        numels = []
+        for l in per_depth.get(depth, []):
+            s = p.quant[l.name]
+            nbytes = projection_bytes(l.in_features, l.out_features, s, c, l.name in p.biased)
+            fmt = format_of(s, p.compute_dtype)
+            if p.dequantized and s["bits"] == 4:  # held dequantized: the compute dtype, not the 4-bit codes
+                nbytes = (l.in_features + (l.name in p.biased)) * l.out_features * c
+                fmt = f"{fmt} (dequantized, {p.compute_dtype})"
+            detail[f"frozen.{l.layer_type}"] += nbytes
+            key = f"weights.{l.layer_type}.{fmt}"
+            detail[key] = detail.get(key, 0) + nbytes
+            r = p.ranks.get(l.name, 0)
+            numels += [r * l.in_features, l.out_features * r] if r else []
+        params = sum(numels)
+        act, grad_out = _layer_activations(p, depth, grad, b)
+        saved = act["attn"] + act["mlp"]
+        runs_backward = grad or params > 0
+        work = _layer_work(p, depth, b, saved) if runs_backward else 0
+        pinned = act["pinned.attn"] + act["pinned.mlp"]
+        if p.checkpointing and runs_backward:  # the layer input (fp32) to recompute the layer from, and
+            held = {"act.inputs": 4 * sh.hidden * t, "act.int8_inputs": pinned}  # what bitsandbytes int8 keeps
+        else:
+            held = {"act.attn": act["attn"] + act["pinned.attn"], "act.mlp": act["mlp"] + act["pinned.mlp"]}
+        detail.update({"frozen.other": p.layer_other[depth], "adapter": 4 * params, "grads": 4 * params,
+                       "optimizer": optimizer_bytes(numels, p.optimizer, p.device) if numels else 0,
+                       "params": params, **held})
+        fixed = sum(v for k, v in detail.items() if k.startswith("frozen.") or k in ("adapter", "grads", "optimizer"))
+        out.append(LayerCost(f"layer.{depth}", fixed, sum(held.values()), work, detail))
+        grad = grad_out
+    # The head: final norm (fp32), the LM head (fp32; autocast's bf16 copy is kept for backward) and the
+    # logits only at the k+1 answer positions, of which the fp32 log-softmax of the n answer rows is kept.
+    V, k = sh.vocab, p.answer
+    n = b * k if p.answer_rows is None else -(-p.answer_rows * b // p.batch)
+    head_cast = c * V * sh.hidden if c < 4 else 0  # with fused projections it is made once and kept (qft.fuse)
+    head_act = ((4 * sh.hidden + 4) * t + 4 * n * V + (0 if p.fused else head_cast)) if grad else 0
+    # forward: the logits, their fp32 upcast (autocast) while the n answer rows are picked from it, then
+    # those rows while their log-softmax is computed; backward: two n x V fp32 gradients, log-softmax held
+    logits = c * b * (k + 1) * V
+    head_work = max(logits + (4 * b * k * V if c < 4 else 0), logits + 4 * n * V, 8 * n * V) if grad else 0
+    kept = head_cast if p.fused else 0
+    out.append(LayerCost("head", p.head_bytes + kept, head_act, head_work,
+                         {"frozen.other": p.head_bytes, "frozen.head_cast": kept, "act.logits": head_act}))
+    return out
+
+
+def _micro_batch(p: Plan) -> int:
+    return p.batch // p.offload["micro_batches"] if p.offload["mode"] == "pipeline" else p.batch
+
+
+# ----------------------------------------------------------------------------------------------- stages and peaks
+
+def stage_peaks(cfg, boundaries, schedule: str | None = None, micro_batches: int | None = None,
+                offload_stages=(), *, plan_: Plan | None = None, host: list | None = None) -> list[int]:
+    """Peak device bytes of each stage of a pipeline split.
+
+    boundaries: the first layer of every stage after the first (as offload.split lists them); stage s of
+    p holds its layers' fixed bytes, the activations of the micro-batches it has in flight (1F1B: up to
+    min(m, p - s); GPipe: all m) and its largest transient; the first stage holds the embedding, the last
+    the head (and, when tied, its own copy of the embedding). An offloaded stage keeps its activations in
+    host memory and only one layer's on the device. The micro-batch is train.batch_size / micro_batches.
+    `host`, if given, receives each stage's host-memory bytes.
+    """
+    p = plan_ or plan(cfg)
+    schedule = schedule or p.offload["schedule"]
+    m = micro_batches or (p.offload["micro_batches"] if p.offload["mode"] == "pipeline" else 1)
+    if p.batch % m:
+        raise QftError("offload.micro_batches", m, f"must divide train.batch_size={p.batch}")
+    costs = layer_costs(cfg, p.batch // m, plan_=p)
+    edges = [0, *boundaries, len(costs) - 2]
+    if any(a >= b for a, b in zip(edges, edges[1:])):
+        raise QftError("offload.split", list(boundaries), f"increasing layer indices in 1..{len(costs) - 3}")
+    peaks = []
+    for s in range(len(edges) - 1):
+        comps = stage_components(p, costs, edges, s, m, schedule, s in offload_stages)
+        peaks.append(sum(v for k, v in comps.items() if k != HOST))
+        if host is not None:
+            host.append(comps.get(HOST, 0))
+    return peaks
+
+
+HOST = "host memory: offloaded activations"  # reported beside a stage's components, not in its peak
+
+
+def stage_components(p: Plan, costs, edges, s: int, m: int, schedule: str, offloaded: bool) -> dict:
+    """Stage s's device bytes by component (plus HOST): what stage_peaks sums and the table shows."""
+
+    embed, layers, head = costs[0], costs[1:-1], costs[-1]
+    n_stages = len(edges) - 1
+    mine, last = layers[edges[s]:edges[s + 1]], s == n_stages - 1
+    n = in_flight(s, n_stages, m, schedule)
+    out: dict = {}
+
+    def add(key, v):
+        out[key] = out.get(key, 0) + int(v)
+
+    other = "frozen other (norms, embedding, head)"
+    for c in mine:
+        for k, v in c.detail.items():
+            if k.startswith("weights."):
+                add(f"frozen {k[8:].replace('.', ' ', 1)}", v)
+        add(other, c.detail["frozen.other"])
+        add("adapter weights (fp32)", c.detail["adapter"])
+        add("adapter gradients (fp32)", c.detail["grads"])
+        add(f"optimizer states ({p.optimizer})", c.detail["optimizer"])
+    if s == 0 or (last and n_stages > 1 and p.tied):  # a tied head needs the embedding on the last stage too
+        add(other, embed.fixed)
+    if last:
+        add(other, head.fixed)
+    if offloaded:
+        held = n * sum(c.act for c in mine)
+        add("activations: one layer on the device (the rest in host memory)", max(c.act for c in mine))
+        if p.device == "cpu":  # host memory is the device's: the copies save nothing
+            add("activations in host memory (on a CPU, the same memory)", held)
+        add(HOST, held)
+    else:
+        times = f" x {n} micro-batches" if n > 1 else ""
+        for c in mine:
+            for k, label in (("act.attn", "activations attn"), ("act.mlp", "activations mlp"),
+                             ("act.inputs", "activations: layer inputs (checkpointing)"),
+                             ("act.int8_inputs", "activations: int8 inputs bitsandbytes keeps")):
+                add(label + times, n * c.detail.get(k, 0))
+    add("activations: rotary tables", n * embed.act)
+    if last:
+        add(f"logits and LM head copy ({p.answer + 1} positions)", n * head.act)
+    add("transient working set", max([c.work for c in mine] + [head.work if last else 0]))
+    return {k: v for k, v in out.items() if v}
+
+
+def eval_peak(p: Plan, costs) -> int:
+    """The scorer: no gradients, a KV cache of the prompt (fp32 keys after rotary, values in the projection's
+    output dtype), one layer's forward working set and the last position's logits, at train.eval_batch_size."""
+    sh, b = p.shape, p.eval_batch
+    t = b * p.seq
+    kv = sh.layers * t * sh.kv_heads * sh.head_dim * (4 + 4)
+    frozen = sum(v for c in costs for k, v in c.detail.items() if k.startswith("frozen.")) + \
+        sum(c.detail.get("adapter", 0) for c in costs)
+    layer = 4 * t * (4 * sh.hidden + 3 * sh.intermediate)
+    return int(frozen + kv + layer + 2 * 4 * b * sh.vocab)

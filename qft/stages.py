@@ -1,0 +1,141 @@
+"""Where a pipeline cuts the decoder: stage boundaries balanced on per-stage peak memory, from the memory model.
+
+Balanced on PEAK memory (frozen base, adapter, gradients and optimizer states plus the activations of the
+micro-batches a stage holds in flight: up to p - s in 1F1B), not on parameter counts, which a 4-bit frozen base
+makes meaningless; with a per-device budget it also picks the stages whose activations go to host memory.
+qft.pipeline runs the stages; this only plans them, so the dry-run launcher and the memory CLI need no process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from qft import footprint
+from qft import layers as L
+from qft.errors import QftError
+from qft.footprint import GiB, in_flight
+
+
+@dataclass
+class Plan:
+    boundaries: list  # first layer of each stage after the first
+    offloaded: list  # stages whose saved activations live in host memory
+    peaks: list  # estimated bytes per stage
+    layers: list = field(default_factory=list)  # [lo, hi) per stage
+
+
+def _peak(fixed, act, lo, hi, s, p, m, schedule, off, ends, work=None) -> float:
+    """Peak bytes of stage s holding layers [lo, hi): fixed bytes, activations in flight (one
+    micro-batch's working set when offloaded), the largest transient of a layer's backward, and the
+    embedding or head at the ends."""
+    n_act = 1 if off else in_flight(s, p, m, schedule)
+    total = sum(fixed[lo:hi]) + n_act * sum(act[lo:hi]) + (max(work[lo:hi]) if work else 0)
+    if s == 0:
+        total += ends[0]
+    if s == p - 1:
+        total += ends[1]
+    return total
+
+
+def balance(fixed, act, stages: int, micro_batches: int, schedule: str, ends=(0.0, 0.0),
+            offloaded=(), work=None) -> tuple[list, list]:
+    """Contiguous split of the layers into `stages` that minimises the largest stage peak (exact DP)."""
+    n = len(fixed)
+    if n < stages:
+        raise QftError("offload.stages", stages, f"at most the number of decoder layers ({n})")
+    inf = float("inf")
+    # best[s][i]: smallest max-peak of stages 0..s-1 covering layers [0, i)
+    best = [[inf] * (n + 1) for _ in range(stages + 1)]
+    cut = [[0] * (n + 1) for _ in range(stages + 1)]
+    best[0][0] = 0.0
+    for s in range(1, stages + 1):
+        for i in range(s, n - (stages - s) + 1):
+            for j in range(s - 1, i):
+                if best[s - 1][j] == inf:
+                    continue
+                v = max(best[s - 1][j], _peak(fixed, act, j, i, s - 1, stages, micro_batches, schedule,
+                                              s - 1 in offloaded, ends, work))
+                if v < best[s][i]:
+                    best[s][i], cut[s][i] = v, j
+    bounds, i = [], n
+    for s in range(stages, 0, -1):
+        i = cut[s][i]
+        bounds.append(i)
+    bounds = sorted(bounds)[1:]
+    return bounds, peaks_of(fixed, act, bounds, micro_batches, schedule, ends, offloaded, work)
+
+
+def uniform(n: int, stages: int) -> list:
+    return [round(n * s / stages) for s in range(1, stages)]
+
+
+def peaks_of(fixed, act, bounds, micro_batches, schedule, ends=(0.0, 0.0), offloaded=(), work=None) -> list:
+    edges = [0, *bounds, len(fixed)]
+    p = len(edges) - 1
+    return [_peak(fixed, act, edges[s], edges[s + 1], s, p, micro_batches, schedule, s in offloaded, ends, work)
+            for s in range(p)]
+
+
+def plan_split(fixed, act, stages: int, micro_batches: int, schedule: str, ends=(0.0, 0.0), split="memory",
+               budget: float | None = None, offload_stages="auto", work=None) -> Plan:
+    """Stage boundaries and offloaded stages. With a budget and `offload_stages=auto`, offload the fewest
+    stages (the earliest, which hold the most in flight, first) that let a balanced split fit; every copy
+    costs step time, so fewer offloaded stages is cheaper."""
+    n = len(fixed)
+
+    def split_for(off):
+        if split == "uniform":
+            b = uniform(n, stages)
+            return b, peaks_of(fixed, act, b, micro_batches, schedule, ends, off, work)
+        if split == "memory":
+            return balance(fixed, act, stages, micro_batches, schedule, ends, off, work)
+        b = list(split)
+        if len(b) != stages - 1 or b != sorted(b) or len(set(b)) != len(b) or not all(0 < x < n for x in b):
+            raise QftError("offload.split", split, f"memory, uniform, or {stages - 1} increasing layer indices "
+                                                   f"in 1..{n - 1}")
+        return b, peaks_of(fixed, act, b, micro_batches, schedule, ends, off, work)
+
+    if offload_stages != "auto":
+        off = sorted(offload_stages)
+        if any(not isinstance(s, int) or not 0 <= s < stages for s in off):
+            raise QftError("offload.offload_stages", offload_stages, f"auto or stage indices in 0..{stages - 1}")
+        candidates = [off]
+    elif budget is None:
+        candidates = [[]]
+    else:
+        candidates = [list(range(k)) for k in range(stages + 1)]
+    for off in candidates:
+        bounds, peaks = split_for(off)
+        if budget is None or max(peaks) <= budget:
+            edges = [0, *bounds, n]
+            return Plan(bounds, off, peaks, [[edges[s], edges[s + 1]] for s in range(stages)])
+    smallest = max(split_for(candidates[-1])[1])
+    raise QftError("offload.device_budget_gb", round(budget / GiB, 3),
+                   f"too small for {stages} stages even with {'every' if offload_stages == 'auto' else 'the listed'}"
+                   f" stage offloaded; the smallest budget that fits is {smallest / GiB:.3f} GiB "
+                   f"(or use more stages)")
+
+
+def plan(cfg, model_type: str = "llama") -> Plan:
+    """The plan for a composed config, from the memory model's per-layer costs (no weights needed)."""
+    staged = sorted(n for n, a in L.REGISTRY.items() if a.pipeline)
+    if model_type not in staged:
+        raise QftError("offload.mode", "pipeline", f"supports {', '.join(staged)} decoders (the registry in "
+                                                   f"qft/layers.py); this model is {model_type}")
+
+    resolved = footprint.plan(cfg)
+    costs = footprint.layer_costs(cfg, plan_=resolved)
+    layers = [c for c in costs if c.name.startswith("layer.")]
+    embed, head = costs[0], costs[-1]  # the head's logits are held per micro-batch only while it runs
+    # a tied head is the embedding matrix, which the last stage then holds as well as the first
+    ends = (embed.fixed, head.fixed + head.act + head.work + (embed.fixed if resolved.tied else 0))
+    o = cfg.offload
+    split = o.split if isinstance(o.split, str) else list(o.split)
+    if isinstance(split, str) and split not in ("memory", "uniform"):
+        raise QftError("offload.split", split, "memory, uniform, or a list of stage boundaries")
+    budget = None if o.device_budget_gb is None else o.device_budget_gb * GiB
+    stages_off = o.offload_stages if isinstance(o.offload_stages, str) else list(o.offload_stages)
+    if isinstance(stages_off, str) and stages_off != "auto":
+        raise QftError("offload.offload_stages", stages_off, "auto or a list of stage indices")
+    return plan_split([c.fixed for c in layers], [c.act for c in layers], o.stages, o.micro_batches, o.schedule,
+                      ends, split, budget, stages_off, [c.work for c in layers])

@@ -1,0 +1,43 @@
+"""Validate the whole composed config before anything heavy runs.
+
+Each config group's module owns its own checks; this only calls them in order, so a bad value fails in
+milliseconds with one line naming the key, and the depth-dependent checks run again once the model's
+depth is known (from its config, before any weight is read).
+"""
+
+from __future__ import annotations
+
+from qft import adapter, budget, data, evaluate, logger, offload, quant, train
+from qft.config import device
+from qft.errors import QftError
+
+
+def validate(cfg, depth: int | None = None, planning: bool = False, files: bool = True) -> str:
+    """Raise QftError on the first bad value; return the device the run will use. `files=False` (planning a job for
+    another machine) leaves out the checks that read local data and benchmark files."""
+    from omegaconf import OmegaConf
+
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        raise QftError(missing[0], "???", "required: set it on the command line")
+    dev = device(cfg, planning)
+    if isinstance(cfg.seed, bool) or not isinstance(cfg.seed, int):
+        raise QftError("seed", cfg.seed, "an integer")
+    budget.check(cfg.budget)
+    quant.check(cfg.quant, depth)
+    adapter.check(cfg.adapter, depth)
+    data.check(cfg.data, files)
+    train.check(cfg.train, dev)
+    logger.check(cfg.logger)
+    offload.check(cfg.offload)
+    if files:
+        evaluate.check(cfg.get("evaluate"))
+    if cfg.quant.compute_dtype == "fp16":
+        raise QftError("quant.compute_dtype", "fp16", "fp16 training needs loss scaling, which qft does not do; "
+                                                       "use bf16, fp32 or auto")
+    if cfg.offload.route == "neighbour" and dev != "cuda":
+        raise QftError("offload.route", "neighbour", "needs CUDA GPUs with peer access (an NVLink bridge); use host")
+    if cfg.offload.mode == "pipeline" and cfg.train.batch_size % cfg.offload.micro_batches:
+        raise QftError("offload.micro_batches", cfg.offload.micro_batches,
+                       f"must divide train.batch_size={cfg.train.batch_size}")
+    return dev

@@ -1,0 +1,60 @@
+"""The house rules a reader relies on: the import graph flows one way, and no module reaches into another's
+private helpers. Function-level imports count: they hide a cycle, they do not remove it."""
+
+import ast
+from pathlib import Path
+
+QFT = Path(__file__).resolve().parent.parent / "qft"
+
+
+def _imports(path: Path) -> tuple[set, list]:
+    """qft modules a file imports anywhere in it, and the private names it imports from them."""
+    mods, private = set(), []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "qft":
+            if node.module == "qft":
+                mods |= {a.name for a in node.names}
+            else:
+                mods.add(node.module.split(".")[1])
+                private += [f"{node.module}.{a.name}" for a in node.names if a.name.startswith("_")]
+        elif isinstance(node, ast.Import):
+            mods |= {a.name.split(".")[1] for a in node.names if a.name.startswith("qft.")}
+    return mods - {path.stem}, private
+
+
+def graph() -> dict:
+    modules = {p.stem: p for p in QFT.glob("*.py")}
+    return {m: _imports(p)[0] & set(modules) for m, p in modules.items()}
+
+
+def test_no_import_cycle_counting_function_level_imports():
+    g = graph()
+    assert {"memory", "footprint", "stages", "pipeline", "config", "budget"} <= set(g)
+
+    def reaches(a, b, seen):
+        return any(d == b or (d not in seen and reaches(d, b, seen | {d})) for d in g[a])
+
+    cycles = sorted((a, b) for a in g for b in g[a] if reaches(b, a, {b}))
+    assert cycles == []
+
+
+def test_cycle_finder_finds_a_cycle(tmp_path, monkeypatch):
+    """The check above can fail: two modules that import each other inside functions are a cycle."""
+    for a, b in (("one", "two"), ("two", "one")):
+        (tmp_path / f"{a}.py").write_text(f"def f():\n    from qft import {b}\n")
+    monkeypatch.setattr(__import__(__name__), "QFT", tmp_path)
+    g = graph()
+    assert g == {"one": {"two"}, "two": {"one"}}
+
+
+def test_no_private_helper_imported_across_modules():
+    leaks = [(p.stem, name) for p in QFT.glob("*.py") for name in _imports(p)[1]]
+    assert leaks == []
+
+
+def test_one_config_home():
+    """CONF and compose live in qft/config.py, which imports no config group's module (every CLI can use it)."""
+    mods, _ = _imports(QFT / "config.py")
+    assert mods <= {"errors"}
+    for path in list(QFT.parent.glob("tests/*.py")) + list(QFT.parent.glob("benchmarks/*.py")) + [QFT / "__main__.py"]:
+        assert "Path(__file__).resolve().parent.parent / \"conf\"" not in path.read_text(), path
