@@ -14,20 +14,11 @@ import torch
 from torch import nn
 
 from qft import layers as L
-from qft.errors import QftError
+from qft.errors import QftError, boolean, integer, number
 
 
-def _rank(key, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise QftError(key, value, "an integer >= 0 (0 = no adapter)")
-
-
-def _alpha(key, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise QftError(key, value, "a number > 0")
-
-
-FIELDS = {"r": _rank, "alpha": _alpha}
+FIELDS = {"r": lambda k, v: integer(k, v, 0, what="an integer >= 0 (0 = no adapter)"),
+          "alpha": lambda k, v: number(k, v, above=0)}
 DROPOUT_MASKS = ("torch", "fast")
 
 
@@ -35,8 +26,7 @@ def check(cfg, depth: int | None = None) -> None:
     L.check_spec(cfg, "adapter", FIELDS, depth, other_keys=("dropout", "use_rslora", "dropout_mask"))
     if not 0 <= cfg.dropout < 1:
         raise QftError("adapter.dropout", cfg.dropout, "a number in [0, 1)")
-    if cfg.use_rslora not in (True, False):
-        raise QftError("adapter.use_rslora", cfg.use_rslora, "true or false")
+    boolean("adapter.use_rslora", cfg.use_rslora)
     if cfg.get("dropout_mask", "torch") not in DROPOUT_MASKS:
         raise QftError("adapter.dropout_mask", cfg.dropout_mask, f"allowed: {', '.join(DROPOUT_MASKS)}")
     for lt in L.LAYER_TYPES:

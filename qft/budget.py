@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from qft import layers as L, stats
-from qft.errors import QftError
+from qft.errors import QftError, fail, integer, number
 
 SPLITS = ("type", "depth")
 METHODS = ("shares", "uniform", "fitted")
@@ -59,8 +59,7 @@ def cost_per_rank(layers: list[L.Layer], split: str) -> dict[str, int]:
 def check(cfg) -> None:
     if cfg.params is None:
         return
-    if isinstance(cfg.params, bool) or not isinstance(cfg.params, (int, float)) or cfg.params <= 0:
-        raise QftError("budget.params", cfg.params, "a number of trainable parameters > 0, or null")
+    number("budget.params", cfg.params, above=0, what="a number of trainable parameters > 0, or null")
     if cfg.split not in SPLITS:
         raise QftError("budget.split", cfg.split, f"allowed: {', '.join(SPLITS)}")
     if not 0 < cfg.tolerance < 1:
@@ -78,8 +77,7 @@ def check(cfg) -> None:
         if cfg.split != "type":
             raise QftError("budget.split", cfg.split, "budget.method=fitted allocates per layer type: use budget.split=type")
         mr = cfg.get("max_rank")
-        if mr is not None and (isinstance(mr, bool) or not isinstance(mr, int) or mr < 1):
-            raise QftError("budget.max_rank", mr, "an integer >= 1, or null (the largest rank measured)")
+        integer("budget.max_rank", mr, 1, what="an integer >= 1, or null (the largest rank measured)", null=True)
         fit_records(cfg)  # a bad folder, dataset choice or too few cells fails here, before any weight is read
 
 
@@ -520,8 +518,7 @@ def main(argv=None) -> int:
                                f"no allocation on the rank grid {list(cfg.budget.grid)} within {cfg.budget.tolerance:.0%}; "
                                f"the smallest is {min(costs.values()):,} parameters")
     except QftError as e:
-        print(f"qft.budget: error: {e}", file=sys.stderr)
-        return 2
+        return fail("qft.budget", e)
     print(f"{cfg.model.name}: {len(layers)} projections; parameters per unit of rank: "
           + ", ".join(f"{g} {c:,}" for g, c in costs.items()))
     if method == "fitted":

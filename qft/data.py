@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from qft.errors import QftError, one_of
+from qft.errors import QftError, integer, one_of
 
 SPLITS = ("train", "val", "test")
 PLACEHOLDER = "\uE000TEXT\uE000"
@@ -164,14 +164,10 @@ def check(cfg, files: bool = True) -> None:
     if cfg.task == "instruction" and cfg.source != "local":
         raise QftError("data.task", cfg.task, "instruction data comes from a local file (data.source=local)")
     for key in ("train_size", "val_size", "test_size"):
-        v = cfg[key]
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise QftError(f"data.{key}", v, "an integer >= 1")
-    if isinstance(cfg.max_length, bool) or not isinstance(cfg.max_length, int) or cfg.max_length < 8:
-        raise QftError("data.max_length", cfg.max_length, "an integer >= 8")
+        integer(f"data.{key}", cfg[key], 1)
+    integer("data.max_length", cfg.max_length, 8)
     one_of("data.stratify", cfg.get("stratify", "balanced"), STRATIFY)
-    if isinstance(cfg.split_seed, bool) or not isinstance(cfg.split_seed, int):
-        raise QftError("data.split_seed", cfg.split_seed, "an integer")
+    integer("data.split_seed", cfg.split_seed)
 
 
 # --------------------------------------------------------------------------- splits

@@ -18,3 +18,39 @@ def one_of(key: str, value, allowed) -> None:
     """The commonest check: a value from a fixed list, named in the error."""
     if value not in allowed:
         raise QftError(key, value, f"allowed: {', '.join(map(str, allowed))}")
+
+
+def integer(key: str, value, low: int | None = None, high: int | None = None, what: str | None = None,
+            null: bool = False) -> None:
+    """An integer (not a bool) in [low, high]; `null` also allows None. `what` replaces the default wording."""
+    if null and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or (low is not None and value < low) \
+            or (high is not None and value > high):
+        bounds = f" from {low} to {high}" if low is not None and high is not None else \
+            f" >= {low}" if low is not None else ""
+        raise QftError(key, value, what or f"an integer{bounds}" + (", or null" if null else ""))
+
+
+def number(key: str, value, above: float | None = None, at_least: float | None = None, what: str | None = None,
+           null: bool = False) -> None:
+    """A real number (not a bool) > `above` or >= `at_least`; `null` also allows None."""
+    if null and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (above is not None and not value > above) \
+            or (at_least is not None and not value >= at_least):
+        bound = f" > {above}" if above is not None else f" >= {at_least}" if at_least is not None else ""
+        raise QftError(key, value, what or f"a number{bound}" + (", or null" if null else ""))
+
+
+def boolean(key: str, value) -> None:
+    if not isinstance(value, bool):
+        raise QftError(key, value, "true or false")
+
+
+def fail(prog: str, e: QftError) -> int:
+    """How every CLI ends on bad input: the one line on stderr, exit status 2."""
+    import sys
+
+    print(f"{prog}: error: {e}", file=sys.stderr)
+    return 2

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from qft.data import Split, Task, batch
-from qft.errors import QftError, one_of
+from qft.errors import QftError, integer, one_of
 from qft.model import autocast, device_of
 
 
@@ -166,13 +166,9 @@ def check(cfg) -> None:
     fewest = min(len(read_mmlu_csv(folder / "dev" / f"{s}_dev.csv")) for s in subjects)
     for s in subjects:
         read_mmlu_csv(folder / "test" / f"{s}_test.csv")
-    if isinstance(shots, bool) or not isinstance(shots, int) or not 0 <= shots <= fewest:
-        raise QftError("evaluate.shots", shots, f"an integer from 0 to {fewest} (the fewest dev examples of a subject)")
-    limit = cfg.limit
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise QftError("evaluate.limit", limit, "an integer >= 1 (questions per subject) or null (all)")
-    if isinstance(cfg.batch_size, bool) or not isinstance(cfg.batch_size, int) or cfg.batch_size < 1:
-        raise QftError("evaluate.batch_size", cfg.batch_size, "an integer >= 1")
+    integer("evaluate.shots", shots, 0, fewest, f"an integer from 0 to {fewest} (the fewest dev examples of a subject)")
+    integer("evaluate.limit", cfg.limit, 1, what="an integer >= 1 (questions per subject) or null (all)", null=True)
+    integer("evaluate.batch_size", cfg.batch_size, 1)
     if not isinstance(cfg.before_training, bool):
         raise QftError("evaluate.before_training", cfg.before_training, "true or false")
     if importlib.util.find_spec("lm_eval") is None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from qft import layers as L
 from qft import stages
-from qft.errors import QftError
+from qft.errors import QftError, fail
 from qft.footprint import (GiB, HOST, eval_peak, layer_costs, plan, stage_components, stage_peaks,
                            target_device)
 
@@ -241,8 +241,7 @@ def main(argv=None) -> int:
                       + (f"train.eval_batch_size={b[0]} would ({b[1] / GiB:.3f} GiB)" if b else
                          "not even at train.eval_batch_size=1"))
     except QftError as e:
-        print(f"qft.memory: error: {e}", file=sys.stderr)
-        return 2
+        return fail("qft.memory", e)
     return 0
 
 

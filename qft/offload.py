@@ -15,7 +15,7 @@ import contextlib
 
 import torch
 
-from qft.errors import QftError, one_of
+from qft.errors import QftError, boolean, integer, number, one_of
 
 MODES = ("none", "activations", "pipeline")
 SCHEDULES = ("gpipe", "1f1b")
@@ -27,18 +27,13 @@ def check(cfg) -> None:
     one_of("offload.schedule", cfg.schedule, SCHEDULES)
     one_of("offload.route", cfg.route, ROUTES)
     for key in ("stages", "micro_batches"):
-        v = cfg[key]
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise QftError(f"offload.{key}", v, "an integer >= 1")
+        integer(f"offload.{key}", cfg[key], 1)
     if cfg.mode == "pipeline" and cfg.stages < 2:
         raise QftError("offload.stages", cfg.stages, "offload.mode=pipeline needs 2 or more stages")
     if cfg.mode != "pipeline" and cfg.stages != 1:
         raise QftError("offload.stages", cfg.stages, "1 unless offload.mode=pipeline")
-    if cfg.prefetch not in (True, False):
-        raise QftError("offload.prefetch", cfg.prefetch, "true or false")
-    b = cfg.device_budget_gb
-    if b is not None and (isinstance(b, bool) or not isinstance(b, (int, float)) or b <= 0):
-        raise QftError("offload.device_budget_gb", b, "a number of GiB > 0, or null")
+    boolean("offload.prefetch", cfg.prefetch)
+    number("offload.device_budget_gb", cfg.device_budget_gb, above=0, what="a number of GiB > 0, or null", null=True)
 
 
 class ActivationOffload(torch.autograd.graph.saved_tensors_hooks):

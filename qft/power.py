@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from qft import record, stats
-from qft.errors import QftError
+from qft.errors import QftError, fail
 
 SIZES = (200, 500, 1000, 2000)
 MAX_SEEDS = 100
@@ -178,8 +178,7 @@ def main(argv=None) -> int:
         print(plan(args.records, args.delta, args.margin or args.delta, args.alpha, args.family, args.cells,
                    args.metric))
     except QftError as e:
-        print(f"qft.power: error: {e}", file=sys.stderr)
-        return 2
+        return fail("qft.power", e)
     return 0
 
 

@@ -19,7 +19,7 @@ import torch
 from omegaconf import OmegaConf
 
 from qft import config, data, evaluate, model, record, run
-from qft.errors import QftError
+from qft.errors import QftError, fail
 
 
 def load(run_dir: Path):
@@ -94,8 +94,7 @@ def main(argv=None) -> int:
             for i, text in enumerate(texts):
                 w.writerow([text, preds[i], *([gold[i]] if gold else []), *[f"{v:.6f}" for v in scores[i].tolist()]])
     except QftError as e:
-        print(f"qft.predict: error: {' '.join(str(e).split())}", file=sys.stderr)
-        return 2
+        return fail("qft.predict", e)
     line = f"qft.predict: {len(texts)} texts scored with {run_dir}'s adapter -> {out}"
     if gold:
         line += f"; accuracy {sum(p == g for p, g in zip(preds, gold)) / len(gold):.4f}"

@@ -16,30 +16,18 @@ import torch
 from torch import nn
 
 from qft import layers as L
-from qft.errors import QftError
+from qft.errors import QftError, boolean, number, one_of
 from qft.model import COMPUTE_DTYPES, compute_dtype as dtype_of
 
 BLOCK_SIZES = (64, 128, 256, 512, 1024, 2048, 4096)
 
 
-def _one_of(allowed):
-    def check(key, value):
-        if value not in allowed:
-            raise QftError(key, value, f"allowed: {', '.join(map(str, allowed))}")
-    return check
-
-
-def _positive(key, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        raise QftError(key, value, "a number >= 0")
-
-
 FIELDS = {
-    "bits": _one_of((4, 8, 16)),
-    "quant_type": _one_of(("nf4", "fp4")),
-    "double_quant": _one_of((True, False)),
-    "block_size": _one_of(BLOCK_SIZES),
-    "threshold": _positive,
+    "bits": lambda k, v: one_of(k, v, (4, 8, 16)),
+    "quant_type": lambda k, v: one_of(k, v, ("nf4", "fp4")),
+    "double_quant": boolean,
+    "block_size": lambda k, v: one_of(k, v, BLOCK_SIZES),
+    "threshold": lambda k, v: number(k, v, at_least=0),
 }
 DEFAULTS = {"bits": 4, "quant_type": "nf4", "double_quant": True, "block_size": 64, "threshold": 6.0}
 
@@ -48,8 +36,7 @@ def check(cfg, depth: int | None = None) -> None:
     if cfg.compute_dtype not in COMPUTE_DTYPES:
         raise QftError("quant.compute_dtype", cfg.compute_dtype, f"allowed: {', '.join(COMPUTE_DTYPES)}")
     for key in ("cache_dequantized", "cache_quantized"):
-        if cfg.get(key, False) not in (True, False):
-            raise QftError(f"quant.{key}", cfg[key], "true or false")
+        boolean(f"quant.{key}", cfg.get(key, False))
     L.check_spec(cfg, "quant", FIELDS, depth, other_keys=("compute_dtype", "cache_dequantized", "cache_quantized"))
 
 

@@ -24,7 +24,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from qft.errors import QftError
+from qft.errors import QftError, fail
 
 POLICIES = ("none", "sync", "overlap", "neighbour")
 SCHEDULES = ("1f1b", "gpipe")
@@ -1092,8 +1092,7 @@ def main(argv=None) -> int:
                           args.neighbour_share, placement, args.sync_efficiency)
         sweep_rows = sweep(server, work, offload_stages, placement) if args.sweep else None
     except QftError as e:
-        print(f"qft: error: {e}", file=sys.stderr)
-        return 2
+        return fail("qft", e)
     st = work.stages
     header = (f"{server.name} ({server.n_gpus} GPUs, {server.gpu_memory_bytes / GiB:.0f} GiB, PCIe "
               f"{server.pcie_bandwidth / GB:.0f} GB/s{' shared per pair' if server.shared_uplink else ''}, "

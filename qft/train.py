@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from qft.data import Task, batch
-from qft.errors import QftError
+from qft.errors import QftError, boolean, integer, number, one_of
 from qft import offload
 from qft.model import autocast, device_of
 
@@ -30,34 +30,25 @@ SCHEDULES = ("cosine", "linear", "constant")
 ALLOCATORS = ("tuned", "default")
 
 
-def _int_at_least(key, value, low):
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise QftError(key, value, f"an integer >= {low}")
-
-
 def check(cfg, device: str) -> None:
-    _int_at_least("train.steps", cfg.steps, 1)
-    _int_at_least("train.batch_size", cfg.batch_size, 1)
-    _int_at_least("train.grad_accum", cfg.grad_accum, 1)
-    _int_at_least("train.eval_batch_size", cfg.eval_batch_size, 1)
+    integer("train.steps", cfg.steps, 1)
+    integer("train.batch_size", cfg.batch_size, 1)
+    integer("train.grad_accum", cfg.grad_accum, 1)
+    integer("train.eval_batch_size", cfg.eval_batch_size, 1)
     for key in ("warmup_steps", "eval_every", "checkpoint_every"):
-        _int_at_least(f"train.{key}", cfg[key], 0)
-    if not (isinstance(cfg.lr, (int, float)) and cfg.lr > 0):
-        raise QftError("train.lr", cfg.lr, "a number > 0")
-    if cfg.optimizer not in OPTIMIZERS:
-        raise QftError("train.optimizer", cfg.optimizer, f"allowed: {', '.join(OPTIMIZERS)}")
+        integer(f"train.{key}", cfg[key], 0)
+    number("train.lr", cfg.lr, above=0)
+    one_of("train.optimizer", cfg.optimizer, OPTIMIZERS)
     if cfg.optimizer != "adamw" and device != "cuda":
         raise QftError("train.optimizer", cfg.optimizer, "8-bit and paged AdamW need CUDA; on CPU use adamw")
-    if cfg.schedule not in SCHEDULES:
-        raise QftError("train.schedule", cfg.schedule, f"allowed: {', '.join(SCHEDULES)}")
+    one_of("train.schedule", cfg.schedule, SCHEDULES)
     if cfg.resume not in (True, False, "auto"):
         raise QftError("train.resume", cfg.resume, "true, false or auto (resume when the checkpoint is this config's)")
     if cfg.stop_after_steps is not None:
-        _int_at_least("train.stop_after_steps", cfg.stop_after_steps, 1)
+        integer("train.stop_after_steps", cfg.stop_after_steps, 1)
     if cfg.get("host_allocator", "default") not in ALLOCATORS:
         raise QftError("train.host_allocator", cfg.host_allocator, f"allowed: {', '.join(ALLOCATORS)}")
-    if cfg.get("fuse_projections", False) not in (True, False):
-        raise QftError("train.fuse_projections", cfg.fuse_projections, "true or false")
+    boolean("train.fuse_projections", cfg.get("fuse_projections", False))
 
 
 def tune_host_allocator(cfg) -> bool:
