@@ -11,11 +11,13 @@ PROMPTS = [[5, 6, 7, 8, 9], [11, 12, 13], [20, 21, 22, 23, 24, 25, 26]]
 ANSWERS = [[100], [200, 201, 202], [300, 301]]
 
 
-def outputs(fused, dtype, *overrides):
+def outputs(fused, dtype, *overrides, checkpointing=False):
     torch.manual_seed(0)
     _, _, built = build(f"train.fuse_projections={fused}", f"quant.compute_dtype={dtype}", "adapter.dropout=0.1",
                         *overrides)
     net = built.model
+    if checkpointing:  # as qft.train enables it: the layer's forward runs again in backward
+        net.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     with torch.no_grad():
         for n, p in net.named_parameters():
             if "lora_B" in n:
@@ -50,6 +52,14 @@ def test_fused_equals_unfused(dtype, extra, groups):
     assert grads.keys() == ref_grads.keys()
     for k in grads:  # one autograd node per projection, so the input gradient is summed in the unfused order
         assert torch.equal(grads[k], ref_grads[k]), k
+
+
+def test_fused_equals_unfused_under_gradient_checkpointing():
+    ref = outputs("false", "bf16", "quant=nf4", checkpointing=True)
+    got = outputs("true", "bf16", "quant=nf4", checkpointing=True)
+    assert torch.equal(got[1], ref[1])
+    for k in ref[2]:
+        assert torch.equal(got[2][k], ref[2][k]), k
 
 
 def test_groups_follow_the_registry_and_keep_peft_modules():
