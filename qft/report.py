@@ -56,7 +56,8 @@ def row(rec: dict, path: Path) -> dict:
          "wall_seconds": rec.get("wall_seconds"), "base_bytes": (rec.get("base_bytes") or {}).get("total"),
          "cpu_kind": (rec.get("execution") or {}).get("cpu_kind"),
          "qft_commit": (rec.get("execution") or {}).get("qft_source") or (rec.get("execution") or {}).get("qft_commit"),
-         "has_examples": bool(rec.get("examples")) and (path.parent / rec["examples"]).is_file()}
+         "has_examples": bool(rec.get("examples")) and (path.parent / rec["examples"]).is_file(),
+         "val_curve": rec.get("val_curve") or None, "val_loglik_curve": rec.get("val_loglik_curve") or None}
     flat = flatten(rec.get("config") or {})
     for key, short in AXES.items():
         r[short] = flat.get(key)
@@ -297,6 +298,40 @@ def pareto(g) -> "pd.DataFrame":
             keep.append(i)
             best = r.acc_mean
     return g.loc[keep]
+
+
+def learning_curves(ok) -> tuple[list[str], "pd.DataFrame"] | None:
+    """Validation accuracy and gold-label log-likelihood against step, one column per run, labelled by the config
+    keys that differ between the runs (a pilot's learning rates, say); None without curves of 3 or more points."""
+    import pandas as pd
+
+    runs = ok[ok.val_curve.map(lambda c: isinstance(c, list) and len(c) >= 3)] if "val_curve" in ok else ok.iloc[:0]
+    if runs.empty:
+        return None
+    cfg = [c for c in runs if c.startswith("cfg.") and runs[c].map(repr).nunique() > 1]
+    names = [", ".join(f"{c[4:]}={r[c]}" for c in cfg) or f"seed={r.seed}" for _, r in runs.iterrows()]
+    cols = {}
+    for name, (_, r) in zip(names, runs.iterrows()):
+        cols[f"val acc ({name})"] = dict(map(tuple, r.val_curve))
+        if isinstance(r.val_loglik_curve, list):
+            cols[f"val gold loglik ({name})"] = dict(map(tuple, r.val_loglik_curve))
+    return names, pd.DataFrame(cols).sort_index().rename_axis("step")
+
+
+def plot_learning_curves(names: list, table, out: Path, title: str) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for name in names:
+        for ax, what in zip(axes, ("val acc", "val gold loglik")):
+            col = f"{what} ({name})"
+            if col in table:
+                ax.plot(table.index, table[col], "o-", ms=3, label=name)
+    _label(axes[0], "step", title)
+    axes[0].set_ylabel("validation accuracy")
+    _label(axes[1], "step", "gold label log-likelihood (mean, validation)")
+    axes[1].set_ylabel("mean log p(gold label)")
+    return _save(fig, out / "learning_curves.png")
 
 
 def _label(ax, xlabel: str, title: str) -> None:
@@ -548,6 +583,14 @@ def _summarise(df, out: Path, experiment: str, versus: dict | None = None, withi
             files["bits_rank"] = plot_bits_rank(g, out, title)
         if _uneven_depth(g) or any(_varies(g, c) for c in ("attn_bits", "mlp_bits", *THIRD_ALPHAS)):
             files["cells"] = plot_cells(g, out, title)
+    curves = learning_curves(df[df.status == "ok"])
+    if curves is not None:
+        names, table = curves
+        lines = ["| step | " + " | ".join(table.columns) + " |", "|---:|" + "---:|" * len(table.columns)]
+        lines += [f"| {step} | " + " | ".join("" if v != v else f"{v:.4f}" for v in row) + " |"
+                  for step, row in zip(table.index, table.itertuples(index=False))]
+        (out / "learning_curves.md").write_text("\n".join(lines) + "\n")
+        files["learning_curves"] = plot_learning_curves(names, table, out, f"{experiment}: validation during training")
     print(f"## {out}\n\n{summary}")
     return files
 

@@ -293,3 +293,21 @@ def test_each_run_records_its_own_peak_not_an_earlier_jobs_of_the_same_process(t
                            "train.batch_size=4", "train.zero_shot=false", "train.checkpoint_every=0",
                            "train.eval_every=0"), tmp_path)
     assert before - rec["memory"]["peak_rss_bytes"] > 300e6, (before, rec["memory"])
+
+
+def test_report_draws_learning_curves_labelled_by_what_differs(tmp_path):
+    runs = tmp_path / "runs"
+    for lr in ("1e-3", "3e-3"):
+        cfg = make_cfg(f"train.lr={lr}", "data.train_size=16", "data.val_size=5", "data.test_size=5",
+                       "train.steps=4", "train.batch_size=4", "train.zero_shot=false", "train.checkpoint_every=0",
+                       "train.eval_every=1")  # validation at steps 1-3; the last step's is the final score
+        cfg.experiment = "pilot"
+        run.run(cfg, runs / f"lr{lr}")
+    files = report.report([runs], tmp_path / "out")
+    table = files["learning_curves"].with_suffix(".md").read_text().splitlines()
+    assert table[0] == ("| step | val acc (train.lr=0.001) | val gold loglik (train.lr=0.001) | "
+                        "val acc (train.lr=0.003) | val gold loglik (train.lr=0.003) |")
+    rec = json.loads((runs / "lr1e-3" / "result.json").read_text())
+    assert [r.split(" | ")[0] for r in table[2:]] == ["| 1", "| 2", "| 3"]
+    assert table[4].split(" | ")[1:3] == [f"{rec['val_curve'][2][1]:.4f}", f"{rec['val_loglik_curve'][2][1]:.4f}"]
+    assert files["learning_curves"].read_bytes()[:4] == b"\x89PNG"
