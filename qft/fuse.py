@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from qft import layers as L
+from qft.quant import dequantized_weight
 
 
 def _kind(base: nn.Module) -> str | None:
@@ -117,13 +118,10 @@ class Group:
         return torch.cat([_dequantize_4bit(b.weight, self.dtype) for b in self.bases])
 
     def member_weight(self, i: int) -> torch.Tensor:
-        if self.kind == "dense":
-            lo, hi = self.slices[i]
-            return self.storage[lo:hi]
-        import bitsandbytes.functional as bf  # as bitsandbytes' 4-bit backward dequantizes
-
+        """What member i's own backward multiplies by: its stored weight, or the 4-bit codes dequantized as
+        bitsandbytes' 4-bit backward does it (qft.quant.dequantized_weight)."""
         b = self.bases[i]
-        return bf.dequantize_4bit(b.weight.data.view(-1, 1), b.weight.quant_state)
+        return b.weight if self.kind == "dense" else dequantized_weight(b)
 
     def shared(self, x: torch.Tensor, what: str, compute):
         """Work done once per input for the whole group (no autograd: each member's node does its own backward)."""
@@ -162,7 +160,10 @@ class Group:
 
     def _caller(self, i: int, own):
         def forward(x, *args, **kwargs):
-            if args or kwargs or not (self._live(x) and all(self._plain_lora(m) for m in self.members)):
+            # peft's state and the weights are checked once per input, by its first member; later members reuse it
+            if args or kwargs or not self.shared(x, "fusable", lambda: self._live(x) and all(
+                    self._plain_lora(m) for m in self.members)):
+                self._cache = None  # running unfused: hold no reference to the input
                 return own(x, *args, **kwargs)
             out = self.run(i, x)
             self._done(i)
