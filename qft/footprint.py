@@ -194,27 +194,13 @@ def plan(cfg, source=None, answer_tokens: int | None = None, answer_rows: int | 
 
 def projection_bytes(in_features: int, out_features: int, s: dict, compute_bytes: int = 2,
                      bias: bool = False) -> int:
-    """Bytes bitsandbytes really holds for one frozen projection (equals qft.quant.module_bytes).
-
-    4-bit: two weights a byte, an fp32 absmax per block, the 16-entry fp32 code; with double quantization
-    the absmax is itself 8-bit with an fp32 offset, an fp32 absmax per 256 blocks and a 256-entry code.
-    8-bit: a byte a weight and an fp32 scale per output row. 16-bit: the compute dtype.
-    """
-    n = in_features * out_features
-    if s["bits"] == 16:
-        return n * compute_bytes + (out_features * compute_bytes if bias else 0)
-    extra = out_features * 4 if bias else 0
-    if s["bits"] == 8:
-        return n + out_features * 4 + extra
-    blocks = -(-n // s["block_size"])
-    stats = blocks + 4 + (-(-blocks // 256)) * 4 + 256 * 4 if s["double_quant"] else blocks * 4
-    return (n + 1) // 2 + stats + 16 * 4 + extra
+    """Bytes a frozen projection really holds (equals qft.quant.module_bytes): its backend's closed form."""
+    return quant.for_settings(s).weight_bytes(s, in_features, out_features, compute_bytes, bias)
 
 
 def format_of(s: dict, compute_dtype: str = "bf16") -> str:
     """`nf4`, `fp4`, `int8` or the 16-bit dtype, as qft.quant.describe names a quantized module."""
-    return s["quant_type"] if s["bits"] == 4 else "int8" if s["bits"] == 8 else \
-        {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[compute_dtype]
+    return quant.for_settings(s).format(s, compute_dtype)
 
 
 def optimizer_bytes(numels: list[int], optimizer: str, device: str) -> int:
@@ -274,11 +260,14 @@ def _layer_activations(p: Plan, depth: int, grad_in: bool, b: int) -> tuple[dict
             keep = 4 * r * t
         return keep + (mask_el * d_in * t if p.dropout and g else 0)
 
-    def out_bytes(proj: str) -> int:  # bitsandbytes 4-bit returns its input's dtype (fp32 here)
-        return 4 if proj not in by_proj or p.quant[by_proj[proj].name]["bits"] == 4 or not autocast else c
+    def backend(proj: str):
+        return quant.for_settings(p.quant[by_proj[proj].name])
 
-    def int8(*projs) -> bool:
-        return any(x in by_proj and p.quant[by_proj[x].name]["bits"] == 8 for x in projs)
+    def out_bytes(proj: str) -> int:  # bitsandbytes 4-bit returns its input's dtype (fp32 here)
+        return 4 if proj not in by_proj or backend(proj).output_in_input_dtype or not autocast else c
+
+    def pins(*projs) -> bool:
+        return any(x in by_proj and backend(x).pins_input for x in projs)
 
     norm = (4 * sh.hidden + 4) * t  # RMSNorm keeps its fp32 input and the reciprocal rms
     attn = norm if grad_in else 0
@@ -291,7 +280,7 @@ def _layer_activations(p: Plan, depth: int, grad_in: bool, b: int) -> tuple[dict
     # hooks and checkpointing: the fp32 norm output (shared by q, k, v). o_proj's input is SDPA's output
     # (its kernels write it heads-last, so the transpose back is a view), which SDPA keeps anyway.
     # (Without autocast and dropout the LoRA path keeps that very tensor: counted once.)
-    pinned = {"attn": 4 * sh.hidden * t if grad_in and int8("q_proj", "k_proj", "v_proj")
+    pinned = {"attn": 4 * sh.hidden * t if grad_in and pins("q_proj", "k_proj", "v_proj")
               and "attn_in" not in shared else 0}
     g_mid = g_qkv or r_of("o_proj") > 0
     mlp = norm if g_mid else 0
@@ -300,9 +289,9 @@ def _layer_activations(p: Plan, depth: int, grad_in: bool, b: int) -> tuple[dict
     if g_gu:  # SwiGLU: silu's input and output, the up projection
         mlp += sh.intermediate * (2 * out_bytes("gate_proj") + out_bytes("up_proj")) * t
     mlp += lora("down_proj", g_gu, "down_in")
-    pinned["mlp"] = (4 * sh.hidden * t if g_mid and int8("gate_proj", "up_proj") and "mlp_in" not in shared else 0) \
+    pinned["mlp"] = (4 * sh.hidden * t if g_mid and pins("gate_proj", "up_proj") and "mlp_in" not in shared else 0) \
         + (max(out_bytes("gate_proj"), out_bytes("up_proj")) * sh.intermediate * t
-           if g_gu and int8("down_proj") and "down_in" not in shared else 0)
+           if g_gu and pins("down_proj") and "down_in" not in shared else 0)
     return {"attn": attn, "mlp": mlp, "pinned.attn": pinned["attn"], "pinned.mlp": pinned["mlp"]}, \
         g_gu or r_of("down_proj") > 0
 
@@ -327,12 +316,12 @@ def _layer_work(p: Plan, depth: int, b: int, saved: int) -> int:
     for l in p.projections:
         if l.depth != depth:
             continue
-        n, bits = l.in_features * l.out_features, p.quant[l.name]["bits"]
+        backend = quant.for_settings(p.quant[l.name])
+        if p.dequantized and backend.holds_dequantized:
+            continue
         freed = (c + _mask_bytes(p) * p.dropout) * t * l.in_features if p.ranks.get(l.name) else 0
-        if bits == 4 and not p.dequantized:
-            fwd_w, bwd_w = max(fwd_w, n * (4 + (c if c < 4 else 0))), max(bwd_w, 4 * n - freed)
-        elif bits == 8:
-            fwd_w, bwd_w = max(fwd_w, 4 * n if p.device == "cpu" else 0), max(bwd_w, 4 * n - freed)
+        f, b_ = backend.work_bytes(l.in_features * l.out_features, c, p.device)
+        fwd_w, bwd_w = max(fwd_w, f), max(bwd_w, b_ - freed) if b_ else bwd_w
     if p.fused:  # a fused group's output (compute dtype) is held until its last member has run
         fwd += c * t * max([_group_width(p, depth, names) for names in L.Architecture().shared_input] + [0])
     backward = max(bwd, bwd_w)
@@ -342,10 +331,10 @@ def _layer_work(p: Plan, depth: int, b: int, saved: int) -> int:
 
 
 def _group_width(p: Plan, depth: int, names: tuple) -> int:
-    """Output width of a group qft.fuse runs as one (all members present and of one kind: 4 or 16 bits), else 0."""
+    """Output width of a group qft.fuse runs as one (all members present, of one backend that fuses), else 0."""
     members = [l for l in p.projections if l.depth == depth and l.proj in names]
-    bits = {p.quant[l.name]["bits"] for l in members}
-    if len(members) != len(names) or len(bits) != 1 or bits == {8}:
+    backends = {quant.for_settings(p.quant[l.name]).name for l in members}
+    if len(members) != len(names) or len(backends) != 1 or not quant.BACKENDS[backends.pop()].fuses:
         return 0
     return sum(l.out_features for l in members)
 
@@ -396,7 +385,7 @@ def layer_costs(cfg, micro_batch: int | None = None, *, plan_: Plan | None = Non
             s = p.quant[l.name]
             nbytes = projection_bytes(l.in_features, l.out_features, s, c, l.name in p.biased)
             fmt = format_of(s, p.compute_dtype)
-            if p.dequantized and s["bits"] == 4:  # held dequantized: the compute dtype, not the 4-bit codes
+            if p.dequantized and quant.for_settings(s).holds_dequantized:  # held dequantized: the compute dtype, not the 4-bit codes
                 nbytes = (l.in_features + (l.name in p.biased)) * l.out_features * c
                 fmt = f"{fmt} (dequantized, {p.compute_dtype})"
             detail[f"frozen.{l.layer_type}"] += nbytes

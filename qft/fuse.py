@@ -25,27 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from qft import layers as L
-from qft.quant import dequantized_weight
-
-
-def _kind(base: nn.Module) -> str | None:
-    name = type(base).__name__
-    if name == "Linear4bit":
-        return "4bit"
-    if name == "Dequantized" or type(base) is nn.Linear:
-        return "dense"
-    return None  # int8 and anything else run on their own
-
-
-def _dequantize_4bit(w, dtype: torch.dtype) -> torch.Tensor:
-    """A 4-bit weight in `dtype`, computed as bitsandbytes' own 4-bit matmul computes it (gemm_4bit on CPU)."""
-    qs = w.quant_state
-    absmax = qs.absmax
-    if qs.nested:
-        absmax = torch.ops.bitsandbytes.dequantize_blockwise.default(qs.absmax, qs.state2.absmax, qs.state2.code,
-                                                                      256, torch.float32) + qs.offset
-    return torch.ops.bitsandbytes.dequantize_4bit.default(w.data.view(-1, 1), absmax, qs.blocksize, qs.quant_type,
-                                                          qs.shape, dtype)
+from qft import quant
 
 
 class _Member(torch.autograd.Function):
@@ -75,26 +55,27 @@ class Group:
         self.parent, self.names = parent, names
         self.members = [getattr(parent, n) for n in names]
         self.bases = [m.get_base_layer() if hasattr(m, "get_base_layer") else m for m in self.members]
-        kinds = {_kind(b) for b in self.bases}
-        self.kind = kinds.pop() if len(kinds) == 1 else None
+        self.backends = [quant.for_module(b) for b in self.bases]
+        kinds = {b.fuse_kind(m) if b else None for b, m in zip(self.backends, self.bases)}
+        self.kind = kinds.pop() if len(kinds) == 1 else None  # "stored", "computed" or None (runs unfused)
         sizes = [b.out_features for b in self.bases]
         self.slices = [(sum(sizes[:i]), sum(sizes[:i + 1])) for i in range(len(sizes))]
-        self.dtype = self.bases[0].compute_dtype if self.kind == "4bit" else self.bases[0].weight.dtype
-        self.cast_back = type(self.bases[0]) is not nn.Linear  # bnb and Dequantized return their input's dtype
+        self.dtype = self.backends[0].compute_dtype(self.bases[0]) if self.kind else None
+        self.cast_back = self.kind is not None and self.backends[0].output_in_input_dtype
         self._cache: tuple | None = None  # (input, {what: tensor}, members done): work shared for one input
         self.storage = None
         self.bias = None
 
     def fusable(self) -> bool:
-        if self.kind is None or len({b.in_features for b in self.bases}) != 1:
+        if self.kind is None or len({b.in_features for b in self.bases}) != 1 or len(
+                {type(k) for k in self.backends}) != 1:
             return False
-        if self.kind == "4bit":  # on CUDA bitsandbytes has a 4-bit matmul kernel of its own, so only the CPU's
-            return all(b.weight.device.type == "cpu" and b.compute_dtype == self.dtype and not getattr(b.weight.quant_state, "packing_format_for_cpu",
-                                                                     False) for b in self.bases)
-        return len({b.weight.dtype for b in self.bases}) == 1
+        if any(k.compute_dtype(b) != self.dtype for k, b in zip(self.backends, self.bases)):
+            return False
+        return self.kind == "stored" or self._computable(self.bases[0].weight.device)
 
     def install(self) -> None:
-        if self.kind == "dense":  # one storage, each projection's weight a view of it
+        if self.kind == "stored":  # one storage, each projection's weight a view of it
             self.storage = torch.cat([b.weight.data for b in self.bases])
             for b, (lo, hi) in zip(self.bases, self.slices):
                 b.weight = nn.Parameter(self.storage[lo:hi], requires_grad=False)
@@ -113,15 +94,15 @@ class Group:
             self.storage = None
 
     def weight(self) -> torch.Tensor:
-        if self.kind == "dense":
+        if self.kind == "stored":
             return self.storage
-        return torch.cat([_dequantize_4bit(b.weight, self.dtype) for b in self.bases])
+        return torch.cat([k.fused_weight(b, self.dtype) for k, b in zip(self.backends, self.bases)])
 
     def member_weight(self, i: int) -> torch.Tensor:
-        """What member i's own backward multiplies by: its stored weight, or the 4-bit codes dequantized as
-        bitsandbytes' 4-bit backward does it (qft.quant.dequantized_weight)."""
+        """What member i's own backward multiplies by: its stored weight, or its weight as its own backward
+        makes it (for bitsandbytes 4-bit, the codes dequantized to fp32: qft.quant.dequantized_weight)."""
         b = self.bases[i]
-        return b.weight if self.kind == "dense" else dequantized_weight(b)
+        return b.weight if self.kind == "stored" else self.backends[i].weight(b)
 
     def shared(self, x: torch.Tensor, what: str, compute):
         """Work done once per input for the whole group (no autograd: each member's node does its own backward)."""
@@ -145,12 +126,13 @@ class Group:
         if any(b.weight.device != x.device for b in self.bases) or (self.bias is not None
                                                                       and self.bias.device != x.device):
             return False
-        if self.kind == "4bit" and x.device.type != "cpu":
-            return False
-        if self.kind == "dense":
+        if self.kind == "stored":
             return all(b.weight.data_ptr() == self.storage[lo:hi].data_ptr() and b.weight.shape == (hi - lo,
                        self.storage.shape[1]) for b, (lo, hi) in zip(self.bases, self.slices))
-        return all(not getattr(b.weight.quant_state, "packing_format_for_cpu", False) for b in self.bases)
+        return self._computable(x.device)
+
+    def _computable(self, device: torch.device) -> bool:
+        return all(k.fusable(b, device) for k, b in zip(self.backends, self.bases))
 
     def _plain_lora(self, m: nn.Module) -> bool:
         if not hasattr(m, "lora_A"):

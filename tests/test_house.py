@@ -7,23 +7,32 @@ from pathlib import Path
 QFT = Path(__file__).resolve().parent.parent / "qft"
 
 
-def _imports(path: Path) -> tuple[set, list]:
+def _name(path: Path, root: Path) -> str:
+    """A module's dotted name under qft: `run`, `quant` (a package's __init__), `quant.bnb4`."""
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path, root: Path | None = None) -> tuple[set, list]:
     """qft modules a file imports anywhere in it, and the private names it imports from them."""
+    root = root or QFT
+    known = {_name(p, root) for p in root.rglob("*.py")}
     mods, private = set(), []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "qft":
-            if node.module == "qft":
-                mods |= {a.name for a in node.names}
-            else:
-                mods.add(node.module.split(".")[1])
+            base = node.module.partition(".")[2]
+            for a in node.names:  # `from qft.quant import bnb4` imports a module, `from qft.quant import plan` a name
+                sub = f"{base}.{a.name}" if base else a.name
+                mods.add(sub if sub in known else base)
+            if base:
                 private += [f"{node.module}.{a.name}" for a in node.names if a.name.startswith("_")]
         elif isinstance(node, ast.Import):
-            mods |= {a.name.split(".")[1] for a in node.names if a.name.startswith("qft.")}
-    return mods - {path.stem}, private
+            mods |= {a.name.partition(".")[2] for a in node.names if a.name.startswith("qft.")}
+    return mods - {_name(path, root), ""}, private
 
 
 def graph() -> dict:
-    modules = {p.stem: p for p in QFT.glob("*.py")}
+    modules = {_name(p, QFT): p for p in QFT.rglob("*.py")}
     return {m: _imports(p)[0] & set(modules) for m, p in modules.items()}
 
 
@@ -48,7 +57,7 @@ def test_cycle_finder_finds_a_cycle(tmp_path, monkeypatch):
 
 
 def test_no_private_helper_imported_across_modules():
-    leaks = [(p.stem, name) for p in QFT.glob("*.py") for name in _imports(p)[1]]
+    leaks = [(_name(p, QFT), name) for p in QFT.rglob("*.py") for name in _imports(p)[1]]
     assert leaks == []
 
 

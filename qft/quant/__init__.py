@@ -1,0 +1,177 @@
+"""Quantize the frozen base per layer type: 4-bit NF4/FP4, 8-bit LLM.int8, or 16-bit in the compute dtype.
+
+transformers' BitsAndBytesConfig applies one precision to the whole model, so mixed bits (attention at 8,
+MLP at 4) are done here by swapping each projection for the module its backend builds (bitsandbytes' own for 4
+and 8 bits). Embeddings, norms and the LM head are left in fp32. Each kind is a backend (qft/quant/registry.py),
+one file each in this package; every module of the package is imported with it, so a new file is a new backend.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from qft import layers as L
+from qft.errors import QftError, boolean, number, one_of
+from qft.model import COMPUTE_DTYPES, compute_dtype as dtype_of
+from qft.quant import bnb4, dense, int8  # noqa: F401  (the built-in backends register themselves)
+from qft.quant.bnb4 import Dequantized  # noqa: F401  (qft.quant.Dequantized, as before the split)
+from qft.quant.registry import BACKENDS, Backend, bits, for_module, for_settings, quant_types, register  # noqa: F401
+
+BLOCK_SIZES = (64, 128, 256, 512, 1024, 2048, 4096)
+
+
+FIELDS = {
+    "bits": lambda k, v: one_of(k, v, tuple(bits())),
+    "quant_type": lambda k, v: one_of(k, v, tuple(quant_types())),
+    "double_quant": boolean,
+    "block_size": lambda k, v: one_of(k, v, BLOCK_SIZES),
+    "threshold": lambda k, v: number(k, v, at_least=0),
+}
+DEFAULTS = {"bits": 4, "quant_type": "nf4", "double_quant": True, "block_size": 64, "threshold": 6.0}
+
+
+def check(cfg, depth: int | None = None) -> None:
+    if cfg.compute_dtype not in COMPUTE_DTYPES:
+        raise QftError("quant.compute_dtype", cfg.compute_dtype, f"allowed: {', '.join(COMPUTE_DTYPES)}")
+    for key in ("cache_dequantized", "cache_quantized"):
+        boolean(f"quant.{key}", cfg.get(key, False))
+    L.check_spec(cfg, "quant", FIELDS, depth, other_keys=("compute_dtype", "cache_dequantized", "cache_quantized"))
+
+
+def plan(cfg, layers: list[L.Layer]) -> dict[str, dict]:
+    """The full quantization settings of every projection."""
+    return {name: {**DEFAULTS, **s} for name, s in L.resolve(cfg, layers, FIELDS).items()}
+
+
+def dequantized_weight(q: nn.Module) -> torch.Tensor:
+    """The weight a quantized projection computes with, in fp32: the 4-bit codes or the int8 rows times their scale."""
+    return (for_module(q) or BACKENDS["dense"]).weight(q)
+
+
+def dequantize(model: nn.Module) -> nn.Module:
+    """Replace every bitsandbytes projection (and Dequantized one) of an unwrapped model by an fp32 nn.Linear holding
+    exactly the weight it computed with: the base to merge a trained adapter into for deployment
+    (`PeftModel.from_pretrained(dequantize(base), adapter).merge_and_unload()`); merging into the 4-bit base itself
+    re-quantizes the sum, which loses most of a small adapter."""
+    for name, module in list(model.named_modules()):
+        if for_module(module) is not None and type(module) is not nn.Linear:
+            linear = nn.Linear(module.in_features, module.out_features, bias=module.bias is not None,
+                               device="meta")
+            linear.weight = nn.Parameter(dequantized_weight(module), requires_grad=False)
+            if module.bias is not None:
+                linear.bias = nn.Parameter(module.bias.data.float(), requires_grad=False)
+            model.set_submodule(name, linear)
+    return model
+
+
+def quantize(model: nn.Module, cfg, layers: list[L.Layer], device: torch.device,
+             cache: Path | None = None) -> dict[str, dict]:
+    """Swap every projection in place and move the model to `device`; return each projection's settings.
+
+    With `cache` (a file named by the model's fingerprint and these settings), the quantized tensors are
+    stored once and later runs rebuild the modules from them: bitsandbytes' CPU quantization is most of a
+    sweep run's start-up, and it is deterministic, so the rebuilt base is the same tensors.
+    """
+    from safetensors.torch import load_file
+
+    compute_dtype = dtype_of(cfg.compute_dtype, device)
+    settings = plan(cfg, layers)
+    dequantize = cfg.get("cache_dequantized", False)
+    stored = load_file(str(cache)) if cache is not None and cache.exists() else None
+    # the RNG state the module inits end in, for this RNG state before them: restoring it skips the draws
+    before = hashlib.sha256(torch.get_rng_state().numpy().tobytes()).hexdigest()[:16]
+    rng_file = cache.with_name(f"{cache.stem}.rng-{before}.safetensors") if cache is not None else None
+    after = load_file(str(rng_file))["rng"] if stored is not None and rng_file.exists() else None
+    keep = {}
+    for layer in layers:
+        parent_name, _, child = layer.name.rpartition(".")
+        parent = model.get_submodule(parent_name)
+        s = settings[layer.name]
+        backend = for_settings(s)
+        if stored is not None:
+            t = {k[len(layer.name) + 1:]: v for k, v in stored.items() if k.startswith(layer.name + ".")}
+            # drawing as quantize draws keeps the global RNG, and the seeded LoRA init after it, as without the
+            # cache; without, the modules are built on the meta device and the RNG state they end in restored
+            q = backend.rebuild(t, s, layer.in_features, layer.out_features, compute_dtype, device,
+                                at=None if after is None else "meta")
+        else:
+            q = backend.quantize(getattr(parent, child), s, compute_dtype, device)
+            q = backend.dequantized(q) if dequantize else q
+            if cache is not None:
+                keep.update({f"{layer.name}.{k}": v.detach().cpu().contiguous()
+                             for k, v in backend.tensors(q).items()})
+        setattr(parent, child, q)
+    model.to(device)
+    if after is not None:
+        torch.set_rng_state(after)
+    elif cache is not None:
+        _atomic_save({"rng": torch.get_rng_state()}, rng_file)
+    if keep:
+        _atomic_save(keep, cache)
+    return settings
+
+
+def _atomic_save(tensors: dict, path: Path) -> None:
+    """Temp file + rename: parallel sweep jobs may fill the same entry."""
+    from safetensors.torch import save_file
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    save_file(tensors, str(tmp))
+    os.replace(tmp, path)
+
+
+def cache_file(cfg, layers: list[L.Layer], fingerprint: str, device: torch.device, cache_dir) -> Path:
+    """Where a base quantized with these settings is kept: named by the model and every setting that
+    changes the quantized tensors (and the bitsandbytes version that made them)."""
+    import json
+    from importlib.metadata import version
+
+    key = json.dumps({"model": fingerprint, "plan": plan(cfg, layers), "dtype": str(dtype_of(cfg.compute_dtype, device)),
+                      "dequantized": bool(cfg.get("cache_dequantized", False)), "device": device.type,
+                      "bitsandbytes": version("bitsandbytes")}, sort_keys=True)
+    return Path(cache_dir).expanduser() / "quantized" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.safetensors"
+
+
+def module_bytes(module: nn.Module) -> int:
+    """Bytes a projection's frozen weight really holds, quantization statistics included."""
+    return (for_module(module) or Backend()).module_bytes(module)
+
+
+def base_bytes(model: nn.Module, layers: list[L.Layer]) -> dict[str, int]:
+    """Bytes of the frozen base per layer type, plus `other` (embeddings, norms, head) and `total`."""
+    out = defaultdict(int)
+    seen = set()
+    for layer in layers:
+        module = model.get_submodule(layer.name)
+        out[layer.layer_type] += module_bytes(module)
+        seen.update(id(t) for t in module.parameters(recurse=False))
+    for t in list(model.parameters()) + list(model.buffers()):
+        if id(t) not in seen:  # tied embedding/head counted once
+            seen.add(id(t))
+            out["other"] += t.numel() * t.element_size()
+    out["total"] = sum(v for k, v in out.items())
+    return dict(out)
+
+
+def describe(module: nn.Module) -> str:
+    """`nf4`, `fp4`, `int8` or the dtype of a plain linear: what a test checks after mixed quantization."""
+    return (for_module(module) or Backend()).describe(module)
+
+
+def _discover() -> None:
+    """Import every other module of this package: a backend added as one file registers itself."""
+    import importlib
+    import pkgutil
+
+    for m in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{m.name}")
+
+
+_discover()
