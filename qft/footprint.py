@@ -56,7 +56,7 @@ class Shape:
 
 
 @dataclass
-class Plan:
+class Resolved:
     """A config resolved against an architecture: everything the estimate reads."""
 
     name: str
@@ -155,8 +155,8 @@ def _validate(cfg, depth: int | None = None, files: bool = True) -> None:
     validate.validate(cfg, depth, planning=True, files=files)
 
 
-def plan(cfg, source=None, answer_tokens: int | None = None, answer_rows: int | None = None,
-         padded: bool = True, files: bool = True) -> Plan:
+def resolve(cfg, source=None, answer_tokens: int | None = None, answer_rows: int | None = None,
+         padded: bool = True, files: bool = True) -> Resolved:
     """Validate the config as a run would and resolve it against the architecture (meta device).
 
     What the config cannot say about the batches, if known: answer_tokens, the longest answer (default
@@ -181,7 +181,7 @@ def plan(cfg, source=None, answer_tokens: int | None = None, answer_rows: int | 
     if answer_tokens is None:
         answer_tokens = ANSWER_TOKENS if cfg.data.task == "classification" else cfg.data.max_length // 2
     dtype = _compute_dtype(cfg.quant.compute_dtype, device)
-    return Plan(cfg.model.name, shape, projections, quant.plan(cfg.quant, projections), ranks, biased, embed,
+    return Resolved(cfg.model.name, shape, projections, quant.plan(cfg.quant, projections), ranks, biased, embed,
                 layer_other, head, tied, device, dtype, DTYPES[dtype].itemsize,
                 float(cfg.adapter.dropout) > 0, bool(cfg.quant.get("cache_dequantized", False)),
                 bool(cfg.train.gradient_checkpointing), cfg.train.optimizer, int(cfg.train.batch_size),
@@ -218,13 +218,13 @@ def optimizer_bytes(numels: list[int], optimizer: str, device: str) -> int:
 
 # ----------------------------------------------------------------------------------------------- activations
 
-def _mask_bytes(p: Plan) -> int:
+def _mask_bytes(p: Resolved) -> int:
     """Bytes a dropout mask keeps per element: qft's fast mask is bool; torch's is in its input's dtype (fp32:
     peft upcasts on CPU, and without autocast) or a CUDA bool mask."""
     return 1 if p.fast_mask or (p.device == "cuda" and p.compute_bytes < 4) else 4
 
 
-def _layer_activations(p: Plan, depth: int, grad_in: bool, b: int) -> tuple[dict, bool]:
+def _layer_activations(p: Resolved, depth: int, grad_in: bool, b: int) -> tuple[dict, bool]:
     """Bytes one decoder layer saves for backward at micro-batch b, split into attn and mlp blocks, and
     whether its output requires grad. Upstream of the first adapter nothing requires grad, so nothing is
     saved there. Batches are assumed padded (the conservative side): with a padding mask SDPA gets k and v
@@ -296,7 +296,7 @@ def _layer_activations(p: Plan, depth: int, grad_in: bool, b: int) -> tuple[dict
         g_gu or r_of("down_proj") > 0
 
 
-def _layer_work(p: Plan, depth: int, b: int, saved: int) -> int:
+def _layer_work(p: Resolved, depth: int, b: int, saved: int) -> int:
     """Transient bytes beyond what is held across layers, while this layer runs (calibrated on this machine).
 
     Forward, at a stage's last layer with every earlier layer's activations held: the MLP product and
@@ -330,7 +330,7 @@ def _layer_work(p: Plan, depth: int, b: int, saved: int) -> int:
     return int(max(fwd + fwd_w, backward))
 
 
-def _group_width(p: Plan, depth: int, names: tuple) -> int:
+def _group_width(p: Resolved, depth: int, names: tuple) -> int:
     """Output width of a group qft.fuse runs as one (all members present, of one backend that fuses), else 0."""
     members = [l for l in p.projections if l.depth == depth and l.proj in names]
     backends = {quant.for_settings(p.quant[l.name]).name for l in members}
@@ -340,12 +340,6 @@ def _group_width(p: Plan, depth: int, names: tuple) -> int:
 
 
 # ----------------------------------------------------------------------------------------------- per-layer costs
-
-def in_flight(stage: int, stages: int, micro_batches: int, schedule: str) -> int:
-    """Micro-batches (1F1B or GPipe) of activations stage `stage` holds at its peak."""
-    return micro_batches if schedule == "gpipe" else min(micro_batches, stages - stage)
-
-
 
 @dataclass
 class LayerCost:
@@ -364,13 +358,13 @@ class LayerCost:
     detail: dict = field(default_factory=dict)
 
 
-def layer_costs(cfg, micro_batch: int | None = None, *, plan_: Plan | None = None) -> list[LayerCost]:
+def layer_costs(cfg, micro_batch: int | None = None, *, resolved: Resolved | None = None) -> list[LayerCost]:
     """Costs of the embedding, every decoder layer and the head, in model order.
 
     micro_batch defaults to train.batch_size / offload.micro_batches in a pipeline, else train.batch_size.
     """
-    p = plan_ or plan(cfg)
-    b = micro_batch or _micro_batch(p)
+    p = resolved or resolve(cfg)
+    b = micro_batch or default_micro_batch(p)
     sh, c, t = p.shape, p.compute_bytes, b * p.seq
     rotary = 2 * 4 * t * sh.head_dim  # cos and sin (fp32, like the embedding), saved by every layer's rotary
     out = [LayerCost("embed", p.embed_bytes, rotary, 0, {"frozen.other": p.embed_bytes, "act.rotary": rotary})]
@@ -425,90 +419,11 @@ def layer_costs(cfg, micro_batch: int | None = None, *, plan_: Plan | None = Non
     return out
 
 
-def _micro_batch(p: Plan) -> int:
+def default_micro_batch(p: Resolved) -> int:
     return p.batch // p.offload["micro_batches"] if p.offload["mode"] == "pipeline" else p.batch
 
 
-# ----------------------------------------------------------------------------------------------- stages and peaks
-
-def stage_peaks(cfg, boundaries, schedule: str | None = None, micro_batches: int | None = None,
-                offload_stages=(), *, plan_: Plan | None = None, host: list | None = None) -> list[int]:
-    """Peak device bytes of each stage of a pipeline split.
-
-    boundaries: the first layer of every stage after the first (as offload.split lists them); stage s of
-    p holds its layers' fixed bytes, the activations of the micro-batches it has in flight (1F1B: up to
-    min(m, p - s); GPipe: all m) and its largest transient; the first stage holds the embedding, the last
-    the head (and, when tied, its own copy of the embedding). An offloaded stage keeps its activations in
-    host memory and only one layer's on the device. The micro-batch is train.batch_size / micro_batches.
-    `host`, if given, receives each stage's host-memory bytes.
-    """
-    p = plan_ or plan(cfg)
-    schedule = schedule or p.offload["schedule"]
-    m = micro_batches or (p.offload["micro_batches"] if p.offload["mode"] == "pipeline" else 1)
-    if p.batch % m:
-        raise QftError("offload.micro_batches", m, f"must divide train.batch_size={p.batch}")
-    costs = layer_costs(cfg, p.batch // m, plan_=p)
-    edges = [0, *boundaries, len(costs) - 2]
-    if any(a >= b for a, b in zip(edges, edges[1:])):
-        raise QftError("offload.split", list(boundaries), f"increasing layer indices in 1..{len(costs) - 3}")
-    peaks = []
-    for s in range(len(edges) - 1):
-        comps = stage_components(p, costs, edges, s, m, schedule, s in offload_stages)
-        peaks.append(sum(v for k, v in comps.items() if k != HOST))
-        if host is not None:
-            host.append(comps.get(HOST, 0))
-    return peaks
-
-
-HOST = "host memory: offloaded activations"  # reported beside a stage's components, not in its peak
-
-
-def stage_components(p: Plan, costs, edges, s: int, m: int, schedule: str, offloaded: bool) -> dict:
-    """Stage s's device bytes by component (plus HOST): what stage_peaks sums and the table shows."""
-
-    embed, layers, head = costs[0], costs[1:-1], costs[-1]
-    n_stages = len(edges) - 1
-    mine, last = layers[edges[s]:edges[s + 1]], s == n_stages - 1
-    n = in_flight(s, n_stages, m, schedule)
-    out: dict = {}
-
-    def add(key, v):
-        out[key] = out.get(key, 0) + int(v)
-
-    other = "frozen other (norms, embedding, head)"
-    for c in mine:
-        for k, v in c.detail.items():
-            if k.startswith("weights."):
-                add(f"frozen {k[8:].replace('.', ' ', 1)}", v)
-        add(other, c.detail["frozen.other"])
-        add("adapter weights (fp32)", c.detail["adapter"])
-        add("adapter gradients (fp32)", c.detail["grads"])
-        add(f"optimizer states ({p.optimizer})", c.detail["optimizer"])
-    if s == 0 or (last and n_stages > 1 and p.tied):  # a tied head needs the embedding on the last stage too
-        add(other, embed.fixed)
-    if last:
-        add(other, head.fixed)
-    if offloaded:
-        held = n * sum(c.act for c in mine)
-        add("activations: one layer on the device (the rest in host memory)", max(c.act for c in mine))
-        if p.device == "cpu":  # host memory is the device's: the copies save nothing
-            add("activations in host memory (on a CPU, the same memory)", held)
-        add(HOST, held)
-    else:
-        times = f" x {n} micro-batches" if n > 1 else ""
-        for c in mine:
-            for k, label in (("act.attn", "activations attn"), ("act.mlp", "activations mlp"),
-                             ("act.inputs", "activations: layer inputs (checkpointing)"),
-                             ("act.int8_inputs", "activations: int8 inputs bitsandbytes keeps")):
-                add(label + times, n * c.detail.get(k, 0))
-    add("activations: rotary tables", n * embed.act)
-    if last:
-        add(f"logits and LM head copy ({p.answer + 1} positions)", n * head.act)
-    add("transient working set", max([c.work for c in mine] + [head.work if last else 0]))
-    return {k: v for k, v in out.items() if v}
-
-
-def eval_peak(p: Plan, costs) -> int:
+def eval_peak(p: Resolved, costs) -> int:
     """The scorer: no gradients, a KV cache of the prompt (fp32 keys after rotary, values in the projection's
     output dtype), one layer's forward working set and the last position's logits, at train.eval_batch_size."""
     sh, b = p.shape, p.eval_batch

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from qft import layers as L
 from qft import stages
 from qft.errors import QftError, fail
-from qft.footprint import (GiB, HOST, eval_peak, layer_costs, plan, stage_components, stage_peaks,
-                           target_device)
+from qft.footprint import GiB, eval_peak, layer_costs, resolve, target_device
+from qft.stages import HOST, stage_components, stage_peaks
 
 
 @dataclass
@@ -47,8 +47,8 @@ class Estimate:
 
 def estimate(cfg, source=None, answer_tokens: int | None = None, answer_rows: int | None = None,
              padded: bool = True, files: bool = True) -> Estimate:
-    """Per-device peak memory of one training step of `cfg`, from the config alone (no weights); see plan."""
-    p = plan(cfg, source, answer_tokens, answer_rows, padded, files)
+    """Per-device peak memory of one training step of `cfg`, from the config alone (no weights); see qft.footprint.resolve."""
+    p = resolve(cfg, source, answer_tokens, answer_rows, padded, files)
     off = p.offload
     if off["mode"] == "pipeline":
         the_plan = stages.plan(cfg)
@@ -56,10 +56,10 @@ def estimate(cfg, source=None, answer_tokens: int | None = None, answer_rows: in
     else:
         boundaries, offloaded = [], [0] if off["mode"] == "activations" else []
     host: list = []
-    peaks = stage_peaks(cfg, boundaries, offload_stages=offloaded, plan_=p, host=host)
+    peaks = stage_peaks(cfg, boundaries, offload_stages=offloaded, resolved=p, host=host)
     worst = max(range(len(peaks)), key=peaks.__getitem__)
     m = off["micro_batches"] if off["mode"] == "pipeline" else 1
-    costs = layer_costs(cfg, p.batch // m, plan_=p)
+    costs = layer_costs(cfg, p.batch // m, resolved=p)
     comps = stage_components(p, costs, [0, *boundaries, p.shape.layers], worst, m, off["schedule"], worst in offloaded)
     comps.pop(HOST, None)
     params = sum(c.detail.get("params", 0) for c in costs)

@@ -13,7 +13,89 @@ from dataclasses import dataclass, field
 from qft import footprint
 from qft import layers as L
 from qft.errors import QftError
-from qft.footprint import GiB, in_flight
+from qft.footprint import GiB
+
+
+def in_flight(stage: int, stages: int, micro_batches: int, schedule: str) -> int:
+    """Micro-batches (1F1B or GPipe) of activations stage `stage` holds at its peak."""
+    return micro_batches if schedule == "gpipe" else min(micro_batches, stages - stage)
+
+
+def stage_peaks(cfg, boundaries, schedule: str | None = None, micro_batches: int | None = None,
+                offload_stages=(), *, resolved: footprint.Resolved | None = None, host: list | None = None) -> list[int]:
+    """Peak device bytes of each stage of a pipeline split.
+
+    boundaries: the first layer of every stage after the first (as offload.split lists them); stage s of
+    p holds its layers' fixed bytes, the activations of the micro-batches it has in flight (1F1B: up to
+    min(m, p - s); GPipe: all m) and its largest transient; the first stage holds the embedding, the last
+    the head (and, when tied, its own copy of the embedding). An offloaded stage keeps its activations in
+    host memory and only one layer's on the device. The micro-batch is train.batch_size / micro_batches.
+    `host`, if given, receives each stage's host-memory bytes.
+    """
+    p = resolved or footprint.resolve(cfg)
+    schedule = schedule or p.offload["schedule"]
+    m = micro_batches or (p.offload["micro_batches"] if p.offload["mode"] == "pipeline" else 1)
+    if p.batch % m:
+        raise QftError("offload.micro_batches", m, f"must divide train.batch_size={p.batch}")
+    costs = footprint.layer_costs(cfg, p.batch // m, resolved=p)
+    edges = [0, *boundaries, len(costs) - 2]
+    if any(a >= b for a, b in zip(edges, edges[1:])):
+        raise QftError("offload.split", list(boundaries), f"increasing layer indices in 1..{len(costs) - 3}")
+    peaks = []
+    for s in range(len(edges) - 1):
+        comps = stage_components(p, costs, edges, s, m, schedule, s in offload_stages)
+        peaks.append(sum(v for k, v in comps.items() if k != HOST))
+        if host is not None:
+            host.append(comps.get(HOST, 0))
+    return peaks
+
+
+HOST = "host memory: offloaded activations"  # reported beside a stage's components, not in its peak
+
+
+def stage_components(p: footprint.Resolved, costs, edges, s: int, m: int, schedule: str, offloaded: bool) -> dict:
+    """Stage s's device bytes by component (plus HOST): what stage_peaks sums and the table shows."""
+
+    embed, layers, head = costs[0], costs[1:-1], costs[-1]
+    n_stages = len(edges) - 1
+    mine, last = layers[edges[s]:edges[s + 1]], s == n_stages - 1
+    n = in_flight(s, n_stages, m, schedule)
+    out: dict = {}
+
+    def add(key, v):
+        out[key] = out.get(key, 0) + int(v)
+
+    other = "frozen other (norms, embedding, head)"
+    for c in mine:
+        for k, v in c.detail.items():
+            if k.startswith("weights."):
+                add(f"frozen {k[8:].replace('.', ' ', 1)}", v)
+        add(other, c.detail["frozen.other"])
+        add("adapter weights (fp32)", c.detail["adapter"])
+        add("adapter gradients (fp32)", c.detail["grads"])
+        add(f"optimizer states ({p.optimizer})", c.detail["optimizer"])
+    if s == 0 or (last and n_stages > 1 and p.tied):  # a tied head needs the embedding on the last stage too
+        add(other, embed.fixed)
+    if last:
+        add(other, head.fixed)
+    if offloaded:
+        held = n * sum(c.act for c in mine)
+        add("activations: one layer on the device (the rest in host memory)", max(c.act for c in mine))
+        if p.device == "cpu":  # host memory is the device's: the copies save nothing
+            add("activations in host memory (on a CPU, the same memory)", held)
+        add(HOST, held)
+    else:
+        times = f" x {n} micro-batches" if n > 1 else ""
+        for c in mine:
+            for k, label in (("act.attn", "activations attn"), ("act.mlp", "activations mlp"),
+                             ("act.inputs", "activations: layer inputs (checkpointing)"),
+                             ("act.int8_inputs", "activations: int8 inputs bitsandbytes keeps")):
+                add(label + times, n * c.detail.get(k, 0))
+    add("activations: rotary tables", n * embed.act)
+    if last:
+        add(f"logits and LM head copy ({p.answer + 1} positions)", n * head.act)
+    add("transient working set", max([c.work for c in mine] + [head.work if last else 0]))
+    return {k: v for k, v in out.items() if v}
 
 
 @dataclass
@@ -123,8 +205,8 @@ def plan(cfg, model_type: str = "llama") -> Plan:
         raise QftError("offload.mode", "pipeline", f"supports {', '.join(staged)} decoders (the registry in "
                                                    f"qft/layers.py); this model is {model_type}")
 
-    resolved = footprint.plan(cfg)
-    costs = footprint.layer_costs(cfg, plan_=resolved)
+    resolved = footprint.resolve(cfg)
+    costs = footprint.layer_costs(cfg, resolved=resolved)
     layers = [c for c in costs if c.name.startswith("layer.")]
     embed, head = costs[0], costs[-1]  # the head's logits are held per micro-batch only while it runs
     # a tied head is the embedding matrix, which the last stage then holds as well as the first

@@ -6,7 +6,7 @@ import torch
 from conftest import build, make_cfg
 from omegaconf import open_dict
 
-from qft import footprint, measure, memory, quant
+from qft import footprint, measure, memory, quant, stages
 from qft.errors import QftError
 
 B, S, K = 8, 32, 2  # a synthetic batch: every answer K tokens, widths S - 2 .. S (left padding)
@@ -33,8 +33,8 @@ def sized(cfg, b=B, s=S):
 ])
 def test_weight_bytes_equal_the_quantized_model(overrides):
     cfg, source, built = build(*overrides)
-    plan = footprint.plan(cfg)
-    costs = footprint.layer_costs(cfg, plan_=plan)
+    plan = footprint.resolve(cfg)
+    costs = footprint.layer_costs(cfg, resolved=plan)
     base = built.model.get_base_model()
     for layer in built.projections:  # module by module, statistics included
         module = base.get_submodule(layer.name)
@@ -108,23 +108,23 @@ def test_checkpointing_and_offload_lower_the_activations():
 def test_1f1b_stage_peaks_fall_with_stage_index_and_gpipe_holds_every_micro_batch():
     cfg = sized(make_cfg("model.arch.num_hidden_layers=8", "offload=pipeline", "offload.stages=4", "device=cuda"),
                 b=16, s=64)
-    plan = footprint.plan(cfg)
-    mb = footprint.layer_costs(cfg, 4, plan_=plan)  # micro-batch = 16 / 4
+    plan = footprint.resolve(cfg)
+    mb = footprint.layer_costs(cfg, 4, resolved=plan)  # micro-batch = 16 / 4
     per_stage_act = mb[3].act + mb[4].act + mb[0].act  # layers 2 and 3 (as every layer after the first), rotary
-    one = footprint.stage_peaks(cfg, [2, 4, 6], "1f1b", 4, plan_=plan)
+    one = stages.stage_peaks(cfg, [2, 4, 6], "1f1b", 4, resolved=plan)
     assert one[0] > one[1] > one[2]
     assert one[1] - one[2] == per_stage_act  # 3 micro-batches in flight against 2
-    gpipe = footprint.stage_peaks(cfg, [2, 4, 6], "gpipe", 4, plan_=plan)
+    gpipe = stages.stage_peaks(cfg, [2, 4, 6], "gpipe", 4, resolved=plan)
     assert gpipe[1] == gpipe[2] == one[1] + per_stage_act  # all 4
     host = []
-    off = footprint.stage_peaks(cfg, [2, 4, 6], "1f1b", 4, offload_stages=(0,), plan_=plan, host=host)
+    off = stages.stage_peaks(cfg, [2, 4, 6], "1f1b", 4, offload_stages=(0,), resolved=plan, host=host)
     assert off[0] < one[0] and off[1:] == one[1:] and host[0] == 4 * (mb[1].act + mb[2].act) and host[1:] == [0, 0, 0]
     with pytest.raises(QftError) as e:
-        footprint.stage_peaks(cfg, [2, 4, 6], "1f1b", 3, plan_=plan)
+        stages.stage_peaks(cfg, [2, 4, 6], "1f1b", 3, resolved=plan)
     assert e.value.key == "offload.micro_batches"
     est = memory.estimate(cfg)  # the planner's split, broken down on the most loaded stage
     assert len(est.stage_peaks) == 4 and sum(est.components.values()) == est.peak
-    assert est.stage_peaks == footprint.stage_peaks(cfg, est.boundaries, offload_stages=est.offloaded)
+    assert est.stage_peaks == stages.stage_peaks(cfg, est.boundaries, offload_stages=est.offloaded)
 
 
 @pytest.mark.parametrize("override, key", [("quant.attn.bits=5", "quant.attn.bits"),

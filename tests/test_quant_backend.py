@@ -36,7 +36,7 @@ def test_a_backend_from_one_file_trains_and_is_counted(rtn4, tmp_path, monkeypat
     validate.validate(make_cfg(*over))  # allowed once the file is loaded
     cfg, _, built = build(*over)
     base = built.model.get_base_model()
-    plan = footprint.plan(cfg)
+    plan = footprint.resolve(cfg)
     closed = 0
     for layer in built.projections:
         m = base.get_submodule(layer.name)
@@ -48,7 +48,7 @@ def test_a_backend_from_one_file_trains_and_is_counted(rtn4, tmp_path, monkeypat
         if want == "rtn4":  # packed codes, two a byte, and an fp32 scale per 32 weights
             closed += layer.in_features * layer.out_features // 2 + layer.out_features * layer.in_features // 32 * 4
     assert built.base_bytes["mlp"] == closed
-    costs = footprint.layer_costs(cfg, plan_=plan)
+    costs = footprint.layer_costs(cfg, resolved=plan)
     assert sum(c.detail.get("frozen.mlp", 0) for c in costs) == closed
 
     # the gradients of one toy projection against plain float math on its dequantized weight

@@ -1,0 +1,101 @@
+"""Ranks that meet a budget: the config check, the solve by budget.method (shares, uniform, fitted) and the ranks
+written into the adapter config, so that a run trains exactly what the budget allows."""
+
+from __future__ import annotations
+
+import itertools
+
+from qft import layers as L
+from qft.budget.costs import cost_per_rank, uniform
+from qft.budget.fitted import fit_records, propose
+from qft.errors import QftError, integer, number
+
+SPLITS = ("type", "depth")
+METHODS = ("shares", "uniform", "fitted")
+
+
+def check(cfg) -> None:
+    if cfg.params is None:
+        return
+    number("budget.params", cfg.params, above=0, what="a number of trainable parameters > 0, or null")
+    if cfg.split not in SPLITS:
+        raise QftError("budget.split", cfg.split, f"allowed: {', '.join(SPLITS)}")
+    if not 0 < cfg.tolerance < 1:
+        raise QftError("budget.tolerance", cfg.tolerance, "a fraction in (0, 1)")
+    method = cfg.get("method", "shares")
+    if method not in METHODS:
+        raise QftError("budget.method", method, f"allowed: {', '.join(METHODS)}")
+    if method == "shares":
+        shares = list(cfg.shares)
+        n = len(L.LAYER_TYPES) if cfg.split == "type" else 3
+        if len(shares) != n or any(not isinstance(s, (int, float)) or s < 0 for s in shares) or sum(shares) <= 0:
+            raise QftError("budget.shares", shares, f"{n} non-negative weights, one per "
+                           + ("layer type (attn, mlp)" if cfg.split == "type" else "depth third (shallow, middle, deep)"))
+    if method == "fitted":
+        if cfg.split != "type":
+            raise QftError("budget.split", cfg.split, "budget.method=fitted allocates per layer type: use budget.split=type")
+        mr = cfg.get("max_rank")
+        integer("budget.max_rank", mr, 1, what="an integer >= 1, or null (the largest rank measured)", null=True)
+        fit_records(cfg)  # a bad folder, dataset choice or too few cells fails here, before any weight is read
+
+
+def solve(layers: list[L.Layer], cfg) -> dict[str, int]:
+    """Integer ranks per group that meet the budget within tolerance, by budget.method: `shares`, `uniform`
+    or `fitted` (the allocation the fitted accuracy model predicts best)."""
+    method = cfg.get("method", "shares")
+    if method == "uniform":
+        u = uniform(layers, cfg.params, cfg.split)
+        if abs(u["off_by"]) > cfg.tolerance:
+            step = sum(cost_per_rank(layers, cfg.split).values())
+            raise QftError("budget.params", cfg.params,
+                           f"the nearest uniform allocation (rank {u['r']} on every group) has {u['params']:,} parameters "
+                           f"({u['off_by']:+.2%}), outside budget.tolerance={cfg.tolerance:g}; the nearest budgets it "
+                           "meets exactly: " + " and ".join(f"{r * step:,} (rank {r})" for r in
+                                                           sorted({max(1, int(cfg.params // step)), int(cfg.params // step) + 1})))
+        return {g: u["r"] for g in cost_per_rank(layers, cfg.split)}
+    if method == "fitted":
+        f = fit_records(cfg)
+        best = propose(f, layers, cfg.params, cfg.tolerance, cfg.get("max_rank")).best
+        return {lt: best[lt] for lt in L.LAYER_TYPES}
+    return solve_shares(layers, cfg)
+
+
+def solve_shares(layers: list[L.Layer], cfg) -> dict[str, int]:
+    """Integer ranks per group whose exact total lies within tolerance of the budget and whose split
+    between groups is nearest the requested shares (ties: nearest the budget)."""
+    costs = cost_per_rank(layers, cfg.split)
+    names, unit = list(costs), list(costs.values())
+    shares = [float(s) / sum(cfg.shares) for s in cfg.shares]
+    best, best_key = None, None
+    ranges = [range(int(cfg.params * (1 + cfg.tolerance) // c) + 1) if s > 0 else range(1) for c, s in zip(unit[:-1], shares)]
+    for head in itertools.product(*ranges):
+        rest = cfg.params - sum(r * c for r, c in zip(head, unit))
+        last = max(0, round(rest / unit[-1])) if shares[-1] > 0 else 0
+        combo = (*head, last)
+        total = sum(r * c for r, c in zip(combo, unit))
+        if not total or abs(total - cfg.params) > cfg.tolerance * cfg.params:
+            continue
+        key = (sum(abs(r * c / total - s) for r, c, s in zip(combo, unit, shares)), abs(total - cfg.params))
+        if best_key is None or key < best_key:
+            best, best_key = combo, key
+    if best is None:
+        smallest = min(c for c, s in zip(unit, shares) if s > 0)
+        raise QftError("budget.params", cfg.params,
+                       f"no integer ranks with shares {list(cfg.shares)} come within {cfg.tolerance:.0%}; "
+                       f"the smallest allocation (rank 1 on one group) is {smallest:,} parameters")
+    return dict(zip(names, best))
+
+
+def apply(cfg, layers: list[L.Layer]) -> dict[str, int]:
+    """Set the adapter ranks of `cfg` in place from its budget; return the solved ranks."""
+    from omegaconf import open_dict
+
+    ranks = solve(layers, cfg.budget)
+    with open_dict(cfg):
+        if cfg.budget.split == "type":
+            for lt, r in ranks.items():
+                cfg.adapter[lt].r = r
+        else:
+            for g, (lo, hi) in L.depth_thirds(L.num_layers(layers)).items():
+                cfg.adapter.depth_groups[f"budget_{g}"] = {"layers": [lo, hi], "r": ranks[g]}
+    return ranks

@@ -1,0 +1,78 @@
+"""A study's declared analysis (plan.yaml): its contrasts are the confirmatory family, Holm-adjusted across
+themselves only, so that they are read apart from the exploratory comparisons of the summary table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from qft import stats
+from qft.report.compare import MARGIN, MIN_SEEDS, compare_configs, equal
+from qft.report.tables import table
+
+
+def read_plan(path: Path) -> dict:
+    """A study's declared analysis (plan.yaml): metric, margin, alpha, the contrasts (cell a - cell b, each cell as
+    columns of the table) and the family the Holm adjustment covers (all the contrasts)."""
+    import yaml
+
+    try:
+        plan = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise ValueError(f"--plan={path}: not a readable YAML file ({type(e).__name__})") from e
+    contrasts = plan.get("contrasts")
+    if not isinstance(contrasts, list) or not contrasts or not all(
+            isinstance(c, dict) and {"name", "a", "b"} <= set(c) for c in contrasts):
+        raise ValueError(f"--plan={path}: contrasts must be a list of {{name, a, b}} with a and b as column: value maps")
+    if plan.get("metric", "accuracy") not in ("accuracy", "loglik"):
+        raise ValueError(f"--plan={path}: metric must be accuracy or loglik")
+    return {"metric": "accuracy", "margin": MARGIN, "alpha": 0.05, **plan}
+
+
+def _contrast_keys(ok, contrast: dict) -> list:
+    """The configuration keys of a contrast's cells a and b (None where no single configuration matches); a cell
+    names columns of the table or dotted config keys."""
+    keys = []
+    for side in ("a", "b"):
+        hit = ok[[all(equal(r[k] if k in r else r.get(f"cfg.{k}"), v) for k, v in contrast[side].items())
+                  for _, r in ok.iterrows()]]
+        keys.append(hit.config_key.iloc[0] if hit.config_key.nunique() == 1 else None)
+    return keys
+
+
+def contrasts(df, g, plan: dict) -> tuple[list[dict], str]:
+    """The declared contrasts with Holm across them, and their markdown table; where every contrast is paired and
+    the metric is accuracy, the gold label's log-likelihood (continuous, more power) beside it, Holm across the
+    same family, equivalence only within a declared `loglik_margin`."""
+    ok = df[df.status == "ok"]
+    keys = [_contrast_keys(ok, c) for c in plan["contrasts"]]
+    found = [(c, compare_configs(ok, *k, plan["margin"], plan["metric"]) if None not in k else None)
+             for c, k in zip(plan["contrasts"], keys)]
+    stats.holm([comp for _, comp in found])  # the whole declared family, a missing contrast as p = 1
+    comps = [comp for _, comp in found if comp is not None]
+    for comp in comps:
+        comp.alpha = plan["alpha"]
+    loglik = {}
+    if plan["metric"] == "accuracy" and comps and all(c.method == "paired-crossed" for c in comps):
+        loglik = {i: compare_configs(ok, *k, plan.get("loglik_margin", 0.0), "loglik") if None not in k else None
+                  for i, k in enumerate(keys)}
+        stats.holm(list(loglik.values()))
+        loglik = {i: x for i, x in loglik.items() if x is not None}
+    rows = [{"name": c["name"], **({} if comp is None else comp.as_dict()),
+             **({"loglik": loglik[i].as_dict()} if i in loglik else {})} for i, (c, comp) in enumerate(found)]
+    header = ["contrast", "a - b", "95% CI", "p", "Holm p", "verdict", "method", "seeds", "examples",
+              *(["gold log-lik a - b [95% CI], Holm p"] if loglik else [])]
+    cells = []
+    for i, (c, comp) in enumerate(found):
+        if comp is None:
+            cells.append([c["name"], "-", "-", "-", "-", "not computable: a cell has no records, or fewer than "
+                          f"{MIN_SEEDS} seeds both cells share", "", "", "", *([""] if loglik else [])])
+            continue
+        x = loglik.get(i)  # None where this contrast's log-likelihood comparison was not computable
+        cells.append([c["name"], f"{comp.diff:+.4f}", f"[{comp.low:+.4f}, {comp.high:+.4f}]", f"{comp.p:.3g}",
+                      f"{comp.p_adj:.3g}", comp.word(), comp.method, comp.n_seeds, comp.n_examples or "-",
+                      *([f"{x.diff:+.4f} [{x.low:+.4f}, {x.high:+.4f}], {x.p_adj:.3g}"] if x is not None else [])])
+    lines = [f"Declared contrasts ({plan['metric']}, margin ±{plan['margin']:g}, alpha {plan['alpha']:g}, Holm across "
+             f"all {len(found)}, {len(found) - len(comps)} of them not computable). Equivalence is TOST at alpha: the "
+             f"{100 - 200 * plan['alpha']:g}% interval inside ±margin; the 95% interval is shown.", "",
+             *table(header, cells)]
+    return rows, "\n".join(lines) + "\n"

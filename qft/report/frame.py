@@ -1,0 +1,116 @@
+"""Result records into one frame, a row a run: the records are the single source of truth, so every table, plot
+and comparison of the report (and budget.method=fitted) reads them through `collect`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from qft.record import RECORD, config_hash, flatten, read_examples
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+THIRDS = ("shallow", "middle", "deep")
+THIRD_ALPHAS = tuple(f"{t}_alpha" for t in THIRDS)
+# the config keys a layer-sensitivity study varies, and their short column names
+AXES = {"adapter.attn.r": "attn_r", "adapter.mlp.r": "mlp_r", "adapter.attn.alpha": "attn_alpha",
+        "adapter.mlp.alpha": "mlp_alpha", "quant.attn.bits": "attn_bits", "quant.mlp.bits": "mlp_bits",
+        "budget.params": "budget", "budget.shares": "budget_shares", "budget.method": "budget_method",
+        **{f"adapter.depth_groups.{t}.alpha": f"{t}_alpha" for t in THIRDS}}
+
+
+def row(rec: dict, path: Path) -> dict:
+    params = rec.get("trainable_params") or {}
+    per_type = params.get("per_layer_type") or {}
+    per_third = params.get("per_depth_group") or {}
+    final, zero = rec.get("final_accuracy") or {}, rec.get("zero_shot_accuracy") or {}
+    r = {"run_dir": str(path.parent), "status": rec.get("status"), "error": rec.get("error"),
+         "config_hash": rec.get("config_hash"), "seed": rec.get("seed"),
+         "config_key": config_hash(rec.get("config") or {}, ignore=("seed",), inputs_=rec.get("inputs") or {}),
+         "experiment": (rec.get("config") or {}).get("experiment"),
+         "params": params.get("total"), "params_attn": per_type.get("attn"), "params_mlp": per_type.get("mlp"),
+         **{f"params_{t}": per_third.get(t) for t in THIRDS},
+         "adapted": "+".join(t for t in ("attn", "mlp") if per_type.get(t)) or "none",
+         "acc_test": final.get("test"), "acc_val": final.get("val"), "zero_shot_test": zero.get("test"),
+         "tokens_per_s": rec.get("train_tokens_per_second"), "peak_rss_bytes": (rec.get("memory") or {}).get("peak_rss_bytes"),
+         "wall_seconds": rec.get("wall_seconds"), "base_bytes": (rec.get("base_bytes") or {}).get("total"),
+         "cpu_kind": (rec.get("execution") or {}).get("cpu_kind"),
+         "qft_commit": (rec.get("execution") or {}).get("qft_source") or (rec.get("execution") or {}).get("qft_commit"),
+         "has_examples": bool(rec.get("examples")) and (path.parent / rec["examples"]).is_file(),
+         "val_curve": rec.get("val_curve") or None, "val_loglik_curve": rec.get("val_loglik_curve") or None}
+    flat = flatten(rec.get("config") or {})
+    for key, short in AXES.items():
+        r[short] = flat.get(key)
+    for g, v in (rec.get("budget_ranks") or {}).items():  # a budget run's ranks were solved, not configured
+        if f"{g}_r" in r:
+            r[f"{g}_r"] = v
+        else:
+            r[f"budget_r_{g}"] = v
+    r.update({f"cfg.{k}": v for k, v in flat.items()})
+    if r["has_examples"]:
+        r.update(class_scores(read_examples(path.parent, rec).get("final.test"), (rec.get("data") or {}).get("labels")))
+    return r
+
+
+def class_scores(t: dict | None, labels: list | None) -> dict:
+    """Macro-F1 and each class's accuracy (recall) on a split's per-example predictions: beside accuracy where the
+    classes are unbalanced (Reuters R8's test split is 49% earnings)."""
+    if not t or "pred" not in t or not labels:
+        return {}
+    gold, pred = t["gold"], t["pred"]
+    out, f1 = {}, []
+    for c, name in enumerate(labels):
+        n_gold, n_pred, tp = int((gold == c).sum()), int((pred == c).sum()), int(((gold == c) & (pred == c)).sum())
+        if n_gold == 0:
+            continue
+        out[f"acc_class_{name}"] = tp / n_gold
+        f1.append(2 * tp / (n_gold + n_pred))  # 2 precision recall / (precision + recall)
+    out["macro_f1_test"] = float(np.mean(f1)) if f1 else None
+    return out
+
+
+def collect(paths) -> "pd.DataFrame":
+    import pandas as pd
+
+    rows = []
+    for p in map(Path, paths):
+        files = [p] if p.name == RECORD else sorted(p.rglob(RECORD))
+        for f in files:
+            try:
+                rows.append(row(json.loads(f.read_text()), f))
+            except (OSError, ValueError) as e:
+                print(f"qft.report: skipping unreadable {f}: {e}", file=sys.stderr)
+    return pd.DataFrame(rows)
+
+
+def learning_curves(ok) -> tuple[list[str], "pd.DataFrame"] | None:
+    """Validation accuracy and gold-label log-likelihood against step, one column per run, labelled by the config
+    keys that differ between the runs (a pilot's learning rates, say); None without curves of 3 or more points."""
+    import pandas as pd
+
+    runs = ok[ok.val_curve.map(lambda c: isinstance(c, list) and len(c) >= 3)] if "val_curve" in ok else ok.iloc[:0]
+    if runs.empty:
+        return None
+    cfg = [c for c in runs if c.startswith("cfg.") and runs[c].map(repr).nunique() > 1]
+    names = [", ".join(f"{c[4:]}={r[c]}" for c in cfg) or f"seed={r.seed}" for _, r in runs.iterrows()]
+    cols = {}
+    for name, (_, r) in zip(names, runs.iterrows()):
+        cols[f"val acc ({name})"] = dict(map(tuple, r.val_curve))
+        if isinstance(r.val_loglik_curve, list):
+            cols[f"val gold loglik ({name})"] = dict(map(tuple, r.val_loglik_curve))
+    return names, pd.DataFrame(cols).sort_index().rename_axis("step")
+
+
+def varies(g, column: str) -> bool:
+    return column in g and g[column].nunique() > 1
+
+
+def uneven_depth(g) -> bool:
+    """Whether some configuration gives the depth thirds different adapter sizes (a depth study)."""
+    thirds = g[[f"params_{t}" for t in THIRDS]].dropna()
+    return bool(len(thirds)) and bool((thirds.nunique(axis=1) > 1).any())

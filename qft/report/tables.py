@@ -1,0 +1,80 @@
+"""The report's markdown: one table writer for every table it writes, so they read alike, and the summary's
+prose, which says what each number is and what a reader must know before comparing them."""
+
+from __future__ import annotations
+
+import math
+
+from qft.report.compare import MARGIN
+from qft.report.frame import AXES, THIRDS, uneven_depth
+
+
+def table(header: list, rows, align: str = "---") -> list[str]:
+    """A markdown table's lines, cells unpadded (the tests and readers match `| value |`); `align` is every
+    column's delimiter cell: `---`, or `---:` for numbers."""
+    return [_line(header), "|" + f"{align}|" * len(header), *map(_line, rows)]
+
+
+def _line(cells) -> str:
+    return "| " + " | ".join(map(str, cells)) + " |"
+
+
+def curves_markdown(curves) -> str:
+    """learning_curves' table: a row a validation step, a column a run's curve."""
+    rows = ([step, *("" if v != v else f"{v:.4f}" for v in values)]
+            for step, values in zip(curves.index, curves.itertuples(index=False)))
+    return "\n".join(table(["step", *curves.columns], rows, "---:")) + "\n"
+
+
+def _vs(r, versus) -> str:
+    if r.name == r.vs_ref:
+        return "reference" if versus else "best"
+    if r.vs_ref < 0 or not r.vs_verdict:
+        return ""
+    return f"{r.vs_diff:+.3f} [{r.vs_low:+.3f}, {r.vs_high:+.3f}] p_adj {r.vs_p_adj:.2g} {r.vs_verdict}"
+
+
+def markdown(g, df, versus: dict | None = None, within: tuple = (), margin: float = MARGIN) -> str:
+    cols = ["adapted", *[c for c in AXES.values() if c in g.columns and g[c].nunique() > 1],
+            *([f"params_{t}" for t in THIRDS] if uneven_depth(g) else []), "params"]
+    name = "vs " + (",".join(f"{k}={v}" for k, v in versus.items()) if versus else "best") \
+        + (f" (per {', '.join(within)})" if within else "")
+    f1 = "macro_f1" in g and g.macro_f1.notna().any()
+    rows = []
+    for _, r in g.iterrows():
+        ci = "one evaluation" if r.n_seeds == 1 and (r.params or 0) == 0 else "" if math.isnan(r.ci95) else f"±{r.ci95:.3f}"
+        rows.append([*(str(r[c]) if not isinstance(r[c], float) else f"{r[c]:g}" for c in cols),
+                     r.n_seeds, f"{r.acc_mean:.3f}", ci,
+                     *(["" if math.isnan(r.macro_f1) else f"{r.macro_f1:.3f}"] if f1 else []),
+                     _vs(r, versus), f"{r.tokens_per_s:.0f}"])
+    lines = table(cols + ["n", "test acc", "95% CI", *(["macro-F1"] if f1 else []), name, "tokens/s"], rows)
+    failed = df[df.status != "ok"]
+    methods = sorted({m for m in g.vs_method if m})
+    n = int((g.vs_verdict != "").sum())
+    head = (f"{len(df)} runs: {int((df.status == 'ok').sum())} ok, {len(failed)} not ok. Test accuracy: mean over seeds "
+            f"with its 95% t interval (an untrained cell is one evaluation){'; macro-F1: mean over seeds' if f1 else ''}. **Exploratory**: {name} is the difference "
+            f"from the {'reference' if versus else 'best'} configuration{' of its group' if within else ''}, its 95% "
+            f"interval (unadjusted), its Holm-adjusted p across these {n} comparisons and a verdict (differs / "
+            f"equivalent within ±{margin:g} / inconclusive) from the adjusted tests ({', '.join(methods) or 'none'}; paired-crossed: per-example over seeds and examples, "
+            "welch / one-sample, this test set: over seeds only, for records without per-example scores, so the test set's "
+            "own sampling noise is not in the interval). The reference is the best cell on this same test set, which "
+            "biases toward \"differs\": exploratory. A study's declared contrasts are in contrasts.md.")
+    tail = [f"- {r.run_dir}: {r.status} {r.error or ''}" for _, r in failed.iterrows()]
+    notes = _provenance(df[df.status == "ok"])
+    return "\n".join([head, "", *lines, *([""] + notes if notes else []), *([""] + tail if tail else [])]) + "\n"
+
+
+def _provenance(ok) -> list[str]:
+    """What a reader must know before comparing: CPU kinds, commits, records without per-example scores."""
+    notes = []
+    kinds = sorted({str(k) for k in ok.get("cpu_kind", []) if k})
+    if len(kinds) > 1:
+        notes.append(f"- these records span CPU kinds: {', '.join(kinds)}")
+    commits = sorted({str(c)[:10] for c in ok.get("qft_commit", []) if c})
+    if len(commits) > 1:
+        notes.append(f"- these records span qft code versions (source digest, else commit): {', '.join(commits)}")
+    missing = int((~ok.has_examples).sum()) if "has_examples" in ok else 0
+    if missing:
+        notes.append(f"- {missing} of {len(ok)} records keep no per-example scores (made before they were kept): "
+                     "their comparisons are Welch over seeds, not paired, and they carry no log-likelihood analysis")
+    return notes
