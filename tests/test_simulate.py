@@ -199,6 +199,16 @@ BAD = [
     (lambda: S.server_from_dict({"n_gpus": 2, "gpu_memory_bytes": 1, "pcie_bw": 1}), "server.pcie_bw"),
     (lambda: S.workload_from_model("gpt-5", 4, 8), "model"),
     (lambda: S.workload_from_dict({"model": "llama2-7b", "stages": 4, "micro_batch": 8}), "workload.micro_batch"),
+    # integers are ints (a YAML "2" read as 2.0 used to pass here and crash the simulation), times are finite
+    (lambda: S.Server(n_gpus=2.0, gpu_memory_bytes=1, pcie_bandwidth=1), "server.n_gpus"),
+    (lambda: S.Server(n_gpus=2, gpu_memory_bytes=1, pcie_bandwidth=1, pcie_latency_s=INF), "server.pcie_latency_s"),
+    (lambda: S.Server(n_gpus=2, gpu_memory_bytes=1, pcie_bandwidth=1, shared_uplink=1), "server.shared_uplink"),
+    (lambda: S.Workload([S.Stage(1, INF, 1, 1)], 2), "workload.stages[0].bwd_s"),
+    (lambda: S.Workload([S.Stage(1, 1, 1, 1)], 2.0), "workload.micro_batches"),
+    (lambda: S.Policy("sync", copy_efficiency=0), "policy.copy_efficiency"),
+    (lambda: S.simulate(server(2), uniform(2, 2), "sync", chunk_bytes=INF), "chunk_bytes"),
+    (lambda: S.workload_from_model("llama2-7b", 4, 8, tflops=INF), "tflops"),
+    (lambda: S.workload_from_model("llama2-7b", 4, 8, seq_len=2048.0), "seq_len"),
 ]
 
 
@@ -251,6 +261,12 @@ def test_cli_bad_input_is_one_line_and_status_2(args, key):
     r = cli(*args)
     assert r.returncode == 2
     assert r.stderr.count("\n") == 1 and r.stderr.startswith(f"qft: error: {key}=")
+
+
+def test_cli_bad_flag_is_one_line_and_status_2():
+    r = cli("--stages", "two")
+    assert r.returncode == 2
+    assert r.stderr == "qft: error: argument --stages: invalid int value: 'two'\n"
 
 
 def test_cli_bad_yaml_key(tmp_path):

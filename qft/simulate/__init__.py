@@ -1,0 +1,34 @@
+"""Discrete-event simulator of pipeline-parallel fine-tuning with activation offload.
+
+Why it exists: Liu, Lai, Li (HPCC 2023 / CIBDA 2024) balance the memory of a 1F1B pipeline by offloading
+early stages' activations to host memory, routing part of the copies through an NVLink-bridged neighbour's
+PCIe link, and report 2.04x-3.59x over PyTorch's synchronous offloading. This package predicts what each
+policy costs in step time and buys in peak memory on a described server, from first principles, before any
+GPU is booked: compute streams, PCIe/NVLink links (one FIFO per direction, chunked so concurrent flows
+interleave) and per-GPU memory are simulated event by event. Its modules, each importing only those before
+it: checks, inputs, schedules, engine, policies, presets, loading, plots, report, cli.
+
+    python -m qft.simulate rtx3090x4 --model llama2-7b --seq-len 2048 --micro-batches 16
+    python -m qft.simulate my_server.yaml --out results/pipeline_offload/mine
+"""
+
+from __future__ import annotations
+
+from qft.simulate.checks import PLACEMENTS, POLICIES, SCHEDULES
+from qft.simulate.cli import main, parser
+from qft.simulate.engine import RELAY_SLOTS
+from qft.simulate.inputs import GB, Event, GiB, Policy, Result, Server, Stage, Workload
+from qft.simulate.loading import load, server_from_dict, workload_from_dict
+from qft.simulate.plots import COLOURS, plot_gantt, plot_peak_memory, plot_step_time, plot_sweep
+from qft.simulate.policies import AUTO_ROUNDS, compare, simulate, sweep
+from qft.simulate.presets import MODELS, SERVERS, ModelShape, workload_from_model
+from qft.simulate.report import describe, format_table, table_rows, write_outputs, write_sweep
+from qft.simulate.schedules import inflight, placement_of, schedule_order
+
+__all__ = [
+    "AUTO_ROUNDS", "COLOURS", "GB", "GiB", "MODELS", "PLACEMENTS", "POLICIES", "RELAY_SLOTS", "SCHEDULES", "SERVERS",
+    "Event", "ModelShape", "Policy", "Result", "Server", "Stage", "Workload", "compare", "describe", "format_table",
+    "inflight", "load", "main", "parser", "placement_of", "plot_gantt", "plot_peak_memory", "plot_step_time",
+    "plot_sweep", "schedule_order", "server_from_dict", "simulate", "sweep", "table_rows", "workload_from_dict",
+    "workload_from_model", "write_outputs", "write_sweep",
+]

@@ -1,0 +1,71 @@
+"""The simulator's input rules, so a bad server, workload or policy fails at construction, naming its key,
+rather than as a stalled or endless simulation. The shared checks of qft/errors.py where they say the rule;
+`finite` and `fraction` for the two rules they cannot."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from qft.errors import QftError, boolean, integer, number, one_of
+
+POLICIES = ("none", "sync", "overlap", "neighbour")
+SCHEDULES = ("1f1b", "gpipe")
+PLACEMENTS = ("pipeline", "mirror")
+
+
+def finite(key: str, value, above: float | None = None, at_least: float | None = None) -> None:
+    """errors.number less infinity: an endless compute time, latency or chunk would never finish the step."""
+    number(key, value, above=above, at_least=at_least)
+    if math.isinf(value):
+        raise QftError(key, value, f"a number > {above}" if above is not None else f"a number >= {at_least}")
+
+
+def fraction(key: str, value, zero: bool = True, also: str = "") -> None:
+    """A share in [0, 1] (in (0, 1] without `zero`); errors.number has no upper bound. `also` names the
+    non-numeric values the caller accepts, for the message."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not (0 <= value <= 1 if zero else 0 < value <= 1):
+        raise QftError(key, value, f"a fraction in {'[' if zero else '('}0, 1]{also}")
+
+
+def check_server(s) -> None:
+    integer("server.n_gpus", s.n_gpus, low=1)
+    number("server.gpu_memory_bytes", s.gpu_memory_bytes, above=0)
+    number("server.pcie_bandwidth", s.pcie_bandwidth, above=0)
+    finite("server.pcie_latency_s", s.pcie_latency_s, at_least=0)
+    finite("server.nvlink_latency_s", s.nvlink_latency_s, at_least=0)
+    boolean("server.shared_uplink", s.shared_uplink)
+    seen = set()
+    for p in s.nvlink_pairs:
+        if (len(p) != 2 or any(isinstance(g, bool) or not isinstance(g, int) for g in p) or p[0] == p[1]
+                or any(not 0 <= g < s.n_gpus for g in p) or seen & set(p)):
+            raise QftError("server.nvlink_pairs", [list(q) for q in s.nvlink_pairs],
+                           f"pairs of distinct GPU indices in [0, {s.n_gpus - 1}], each GPU in at most one pair")
+        seen |= set(p)
+    if s.nvlink_pairs:
+        number("server.nvlink_bandwidth", s.nvlink_bandwidth, above=0)
+
+
+def check_workload(w, stage_type: type) -> None:
+    """`stage_type` is inputs.Stage, passed in so that this module need not import the one that imports it."""
+    if not w.stages:
+        raise QftError("workload.stages", [], "at least one stage")
+    for i, st in enumerate(w.stages):
+        if not isinstance(st, stage_type):
+            raise QftError(f"workload.stages[{i}]", st, "a Stage")
+        for f in dataclasses.fields(stage_type):
+            finite(f"workload.stages[{i}].{f.name}", getattr(st, f.name), at_least=0)
+    integer("workload.micro_batches", w.micro_batches, low=1)
+    one_of("workload.schedule", w.schedule, SCHEDULES)
+
+
+def check_policy(p) -> None:
+    one_of("policy.kind", p.kind, POLICIES)
+    if p.stages is not None and any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in p.stages):
+        raise QftError("policy.stages", list(p.stages), "stage indices >= 0, or null for the stages that do not fit")
+    if p.fraction != "auto":
+        fraction("policy.fraction", p.fraction, also=", or 'auto'")
+    if p.neighbour_share is not None:
+        fraction("policy.neighbour_share", p.neighbour_share, also=", or null to balance the pair")
+    fraction("policy.copy_efficiency", p.copy_efficiency, zero=False)
