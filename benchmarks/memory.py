@@ -1,4 +1,4 @@
-"""qft.memory's estimate against the measured peak of real training steps, config by config.
+"""qft.tools.memory's estimate against the measured peak of real training steps, config by config.
 
     OMP_NUM_THREADS=1 python benchmarks/memory.py              # every config, each in its own process
     python benchmarks/memory.py --only smollm2-nf4-b16-s64     # one of them
@@ -7,10 +7,10 @@
 
 Each config is built as qft.run.build builds it (the packaged SmolLM2-135M or tiny_llama, quantized,
 adapters attached) on BBC News batches, then runs two training steps as qft.train does (answer loss,
-backward, clipping, AdamW step, zero_grad); the second is measured (qft.measure.measure_peak: the CPU
+backward, clipping, AdamW step, zero_grad); the second is measured (qft.planning.measure.measure_peak: the CPU
 allocator's events through torch.profiler, torch.cuda.max_memory_allocated on CUDA), so the optimizer
 states already exist. Measured peak = resident tensors (model + optimizer state) + the step's peak above
-them. The estimate is qft.memory.estimate of the same config, from the config alone: sequence length
+them. The estimate is qft.tools.memory.estimate of the same config, from the config alone: sequence length
 data.max_length, the default answer length and padded batches. A second estimate is also told the batch's
 real width, answer tokens and padding. Results go to benchmarks/results/memory.json.
 """
@@ -85,7 +85,7 @@ def first_batch(cfg, source):
 
 def estimates(cfg, source, shape: dict) -> dict:
     """The estimate from the config alone, and the one that also knows the batch's shape."""
-    from qft import memory
+    from qft.tools import memory
 
     est = memory.estimate(cfg, source)
     shaped = memory.estimate(_with_width(cfg, shape["batch_width"]), source, answer_tokens=shape["answer_tokens"],
@@ -98,7 +98,8 @@ def measure(name: str, only_estimate: bool = False) -> dict:
     """Build the config's model, run two steps on its first BBC News batch, measure the second."""
     import torch
 
-    from qft import measure, model, run
+    from qft import model, run
+    from qft.planning import measure
 
     cfg = compose(CONFIGS[name])
     t0 = time.time()
@@ -136,7 +137,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--only", choices=list(CONFIGS), action="append", help="run only these configs")
     ap.add_argument("--reestimate", action="store_true",
-                    help="recompute the estimates of the stored results with the current qft.memory, measure nothing")
+                    help="recompute the estimates of the stored results with the current qft.tools.memory, measure nothing")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--out", default=str(RESULTS))

@@ -2,7 +2,7 @@
 # The layer-sensitivity studies of issue 6, in the order they are being run, each resumable: a sweep skips
 # every grid point whose record is ok for the same config, so this picks up where the last session stopped.
 # Commit results/*/runs as records land (git add results; git commit), then rebuild the reports:
-#   python -m qft.report results/<experiment>/runs
+#   python -m qft.tools.report results/<experiment>/runs
 # About 2 minutes a run on a 2-core AMX CPU (bf16), 8 on an AVX2-only one (fp32). On 2 cores, two sweeps side by
 # side with OMP_NUM_THREADS=1 each finish about 1.2x sooner than one after the other with 2 threads (measured
 # 2026-12-03: ~200-265 s a run each, against ~135 s alone); their records' tokens/s are then contended.

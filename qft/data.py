@@ -376,7 +376,7 @@ def _frame_ends(cfg, tokenizer, label_words: list[str]) -> tuple[str, str, list[
 
 def frame_texts(cfg, tokenizer, texts: list[str], label_words: list[str]) -> tuple[list[list[int]], list[list[int]]]:
     """New texts framed exactly as a classification run of `cfg` framed its examples: their prompts, and the
-    label words' tokens (qft.predict scores a trained adapter on them)."""
+    label words' tokens (qft.tools.predict scores a trained adapter on them)."""
     _, _, prefix, suffix = _frame_ends(cfg, tokenizer, label_words)
     label_tokens = [_encode(tokenizer, w) for w in label_words]
     room = cfg.max_length - len(prefix) - len(suffix) - max(map(len, label_tokens))

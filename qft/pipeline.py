@@ -9,7 +9,7 @@ norm across stages and every stage steps its own AdamW, so the loss curve and th
 single-process run to numerical tolerance. Afterwards the stages' adapter weights are gathered on rank 0,
 which scores and records the run as usual.
 
-The stage boundaries come from `qft.stages.plan`, balanced on per-stage peak memory.
+The stage boundaries come from `qft.planning.stages.plan`, balanced on per-stage peak memory.
 """
 
 from __future__ import annotations
@@ -21,10 +21,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from qft import measure, offload
+from qft import offload
+from qft.planning import measure
 from qft.errors import QftError
 from qft.model import autocast
-from qft.stages import Plan
+from qft.planning.stages import Plan
 
 
 # --------------------------------------------------------------------------- processes

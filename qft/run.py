@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from qft import (adapter, budget, data, evaluate, fuse, layers, logger, model, pipeline, quant, record, stages,
-                 train, validate)
+from qft import adapter, budget, data, evaluate, fuse, layers, logger, model, pipeline, quant, record, train, validate
+from qft.planning import stages
 from qft.errors import QftError
 
 

@@ -20,7 +20,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from qft import config, layers, measure, memory, model, offload, quant, train  # noqa: E402
+from qft import config, layers, model, offload, quant, train  # noqa: E402
+from qft.planning import measure
+from qft.tools import memory
 from qft import adapter as qadapter  # noqa: E402
 
 CUDA = torch.cuda.is_available()

@@ -25,7 +25,7 @@ LAYERS = [L.Layer("layers.0.self_attn.q_proj", "attn", "q_proj", 0, 60, 40),
 
 
 def synthetic(ranks=(0, 1, 2, 4, 8), seeds=4, coef=TRUE, noise=NOISE, source="synth", rng_seed=0) -> pd.DataFrame:
-    """Records as qft.report.collect returns them, accuracy drawn from known coefficients plus noise."""
+    """Records as qft.tools.report.collect returns them, accuracy drawn from known coefficients plus noise."""
     rng = np.random.default_rng(rng_seed)
     rows = []
     for a in ranks:
@@ -39,7 +39,7 @@ def synthetic(ranks=(0, 1, 2, 4, 8), seeds=4, coef=TRUE, noise=NOISE, source="sy
 
 def write_record(folder: Path, source: str, attn_r: int, mlp_r: int, seed: int, acc: float, status="ok",
                  model_name="tiny_llama") -> None:
-    """A minimal result record, as tests/test_sweep.py writes them: what qft.report.collect reads."""
+    """A minimal result record, as tests/test_sweep.py writes them: what qft.tools.report.collect reads."""
     folder.mkdir(parents=True)
     config = {"experiment": "unit", "seed": seed, "model": {"name": model_name}, "data": {"source": source},
               "adapter": {"attn": {"r": attn_r, "alpha": 16}, "mlp": {"r": mlp_r, "alpha": 16}}}

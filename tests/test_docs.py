@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from qft import config, memory, power, report, simulate, validate
+from qft import config, validate
+from qft.tools import memory, power, report, simulate
 from qft.errors import QftError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,7 +35,7 @@ COMMANDS = documented()
 
 
 def test_the_docs_show_commands():
-    assert len(COMMANDS) > 40 and any("qft.power" in c for _, c in COMMANDS)
+    assert len(COMMANDS) > 40 and any("qft.tools.power" in c for _, c in COMMANDS)
 
 
 def split_values(value: str) -> list[str]:
@@ -118,19 +119,19 @@ def test_documented_command_runs_as_written(where, line, monkeypatch, tmp_path):
     monkeypatch.chdir(ROOT)
     if module == "qft":
         check_qft_run(args, env, monkeypatch)
-    elif module in ("qft.memory", "qft.budget"):
+    elif module in ("qft.tools.memory", "qft.budget"):
         assert not any(a.startswith("--") for a in args), f"{line}: {module} takes Hydra overrides only"
         cfg = hydra_cfg(args)
-        memory.plan(cfg) if module == "qft.memory" else validate.validate(cfg, planning=True)
-    elif module == "qft.report":
+        memory.plan(cfg) if module == "qft.tools.memory" else validate.validate(cfg, planning=True)
+    elif module == "qft.tools.report":
         ns = report.parser().parse_args(args)
         assert all(Path(p).exists() or p in sweep_folders() for p in ns.paths), line
         if ns.plan:
             report.read_plan(ns.plan)
-    elif module == "qft.power":
+    elif module == "qft.tools.power":
         ns = power.parser().parse_args(args)
         assert all(Path(p).exists() or p in sweep_folders() for p in ns.records), line
-    elif module == "qft.simulate":
+    elif module == "qft.tools.simulate":
         simulate.parser().parse_args(args)
     else:
         pytest.fail(f"{where}: {line}: no check for {module}")

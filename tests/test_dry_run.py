@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from qft import memory
+from qft.tools import memory
 from conftest import make_cfg
 from test_evaluate_mmlu import mmlu_folder
 
@@ -58,7 +58,7 @@ def test_dry_run_lists_every_job_with_its_slurm_request_and_the_memory_models_pe
         points.add((ranks["adapter.attn.r"], ranks["adapter.mlp.r"]))
         # the Slurm request is slurm_gpu's: one GPU, 8 CPUs, 64 GB, 4 hours
         assert m.group(3) == "partition=(default) nodes=1 gpus=1 cpus=8 mem=64G time=4:00:00"
-        # the peak is qft.memory's for exactly this job's config, composed from its override string
+        # the peak is qft.tools.memory's for exactly this job's config, composed from its override string
         est = memory.estimate(make_cfg(*overrides, tiny=False))
         assert est.device == "cuda" and est.model == "llama2_7b"
         peak = re.match(r"peak (\d+\.\d+) GiB per GPU \(evaluation (\d+\.\d+) GiB\): (fits|DOES NOT FIT) 80 GiB",

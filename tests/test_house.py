@@ -38,7 +38,7 @@ def graph() -> dict:
 
 def test_no_import_cycle_counting_function_level_imports():
     g = graph()
-    assert {"memory", "footprint", "stages", "pipeline", "config", "budget"} <= set(g)
+    assert {"tools.memory", "planning.footprint", "planning.stages", "pipeline", "config", "budget"} <= set(g)
 
     def reaches(a, b, seen):
         return any(d == b or (d not in seen and reaches(d, b, seen | {d})) for d in g[a])
@@ -67,3 +67,16 @@ def test_one_config_home():
     assert mods <= {"errors"}
     for path in list(QFT.parent.glob("tests/*.py")) + list(QFT.parent.glob("benchmarks/*.py")) + [QFT / "__main__.py"]:
         assert "Path(__file__).resolve().parent.parent / \"conf\"" not in path.read_text(), path
+
+
+def test_layers_flow_one_way():
+    """The run path and planning import no tool, and planning imports nothing that runs a run (qft.run, qft.pipeline,
+    the entry point; qft.planning.measure does run one training step to measure it): tools read runs and plans,
+    runs read plans, never the reverse."""
+    g = graph()
+    tool = [m for m in g if m == "tools" or m.startswith("tools.")]
+    for m, deps in g.items():
+        if m not in tool:
+            assert not [d for d in deps if d in tool], m
+        if m.startswith("planning"):
+            assert not deps & {"run", "pipeline", "__main__"}, m

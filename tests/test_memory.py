@@ -6,7 +6,9 @@ import torch
 from conftest import build, make_cfg
 from omegaconf import open_dict
 
-from qft import footprint, measure, memory, quant, stages
+from qft import quant
+from qft.planning import footprint, measure, stages
+from qft.tools import memory
 from qft.errors import QftError
 
 B, S, K = 8, 32, 2  # a synthetic batch: every answer K tokens, widths S - 2 .. S (left padding)
@@ -152,4 +154,4 @@ def test_cli_plans_a_7b_model_on_the_meta_device(capsys):
 def test_cli_bad_input_exits_2_with_one_line(args, needle, capsys):
     assert memory.main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("qft.memory: error: ") and needle in err[0]
+    assert len(err) == 1 and err[0].startswith("qft.tools.memory: error: ") and needle in err[0]

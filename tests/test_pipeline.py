@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from qft import stages
+from qft.planning import stages
 from qft.errors import QftError
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,9 +1,10 @@
-"""qft.predict scores new texts with a run's adapter exactly as the run scored its own test split."""
+"""qft.tools.predict scores new texts with a run's adapter exactly as the run scored its own test split."""
 import csv
 
 import pytest
 
-from qft import data, predict, record, run
+from qft import data, record, run
+from qft.tools import predict
 from conftest import make_cfg
 
 WORDS = {"good": ["great", "lovely", "fine", "superb"], "bad": ["awful", "broken", "poor", "dreadful"]}
@@ -48,4 +49,4 @@ def test_bad_input_is_one_line_and_status_2(tmp_path, capsys, args, key):
     filled = [a.format(csv=tmp_path / "t.csv", txt=tmp_path / "t.txt", run=tmp_path / "run") for a in args]
     assert predict.main(filled) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith(f"qft.predict: error: {key}=")
+    assert len(err) == 1 and err[0].startswith(f"qft.tools.predict: error: {key}=")

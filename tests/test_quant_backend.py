@@ -9,7 +9,8 @@ import pytest
 import torch
 from peft.tuners import lora
 
-from qft import footprint, quant, train, validate
+from qft import quant, train, validate
+from qft.planning import footprint
 from qft.errors import QftError
 from conftest import build, make_cfg
 

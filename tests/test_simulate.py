@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from qft import simulate as S
+from qft.tools import simulate as S
 from qft.errors import QftError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -220,7 +220,7 @@ def test_bad_input_names_the_key(make, key):
 
 
 def cli(*args):
-    return subprocess.run([sys.executable, "-m", "qft.simulate", *args], capture_output=True, text=True, cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "qft.tools.simulate", *args], capture_output=True, text=True, cwd=ROOT,
                           timeout=300)
 
 

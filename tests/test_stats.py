@@ -115,18 +115,18 @@ def test_power_is_statsmodels_one_sample_power_and_alpha_at_no_effect():
 
 
 def test_power_cli_on_records_without_per_example_scores():
-    res = subprocess.run([sys.executable, "-m", "qft.power", "results/rank_sweep/runs", "--delta", "0.02"], cwd=ROOT,
+    res = subprocess.run([sys.executable, "-m", "qft.tools.power", "results/rank_sweep/runs", "--delta", "0.02"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert "no per-example scores" in res.stdout and "| 200 |" in res.stdout
-    bad = subprocess.run([sys.executable, "-m", "qft.power", "/no/such/folder"], cwd=ROOT, capture_output=True,
+    bad = subprocess.run([sys.executable, "-m", "qft.tools.power", "/no/such/folder"], cwd=ROOT, capture_output=True,
                          text=True, timeout=120)
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
-        "qft.power: error: RECORDS='/no/such/folder': a folder of result records (result.json) or one record"]
+        "qft.tools.power: error: RECORDS='/no/such/folder': a folder of result records (result.json) or one record"]
 
 
 def test_macro_f1_and_per_class_accuracy_by_hand():
-    from qft import report
+    from qft.tools import report
 
     gold = np.array([0, 0, 0, 1, 1, 2])
     pred = np.array([0, 0, 1, 1, 2, 2])

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from qft import adapter, budget, model, report, run
+from qft import adapter, budget, model, run
+from qft.tools import report
 from qft.errors import QftError
 from conftest import make_cfg
 
@@ -252,8 +253,8 @@ def test_report_compares_with_a_reference_within_groups(tmp_path):
     assert "| reference |" in rows[("4", "8")] and "| reference |" in rows[("8", "8")]
     assert "params_shallow" not in text  # thirds of equal size are no depth study
     assert files["cells"].read_bytes()[:4] == b"\x89PNG"
-    res = cli(str(tmp_path / "runs"), "--out", str(tmp_path / "o2"), "--versus", "bits=4", module="qft.report")
-    assert res.returncode == 2 and res.stderr.strip().startswith("qft.report: error: column 'bits' is not in")
+    res = cli(str(tmp_path / "runs"), "--out", str(tmp_path / "o2"), "--versus", "bits=4", module="qft.tools.report")
+    assert res.returncode == 2 and res.stderr.strip().startswith("qft.tools.report: error: column 'bits' is not in")
 
 
 def test_report_shows_depth_thirds_when_a_configuration_makes_them_uneven(tmp_path):

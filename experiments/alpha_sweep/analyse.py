@@ -14,7 +14,8 @@ import sys
 
 import numpy as np
 
-from qft import report, stats
+from qft import stats
+from qft.tools import report
 
 
 def main(path="results/alpha_sweep/runs") -> None:

@@ -3,7 +3,7 @@
 A paper-scale sweep books hundreds of GPU-hours, and a job that does not fit its GPU or fails validation
 wastes its slot; this prints the bill first, from any machine and without any weight. Each job's config is
 composed exactly as the real launcher composes it (Hydra's `load_sweep_config`, as BasicLauncher and
-submitit do), validated and sized by `qft.memory.estimate` (meta device: a config.json or an architecture
+submitit do), validated and sized by `qft.tools.memory.estimate` (meta device: a config.json or an architecture
 preset is all it reads), and printed with the Slurm request of the launcher it stands in for. Nothing runs.
 
 Hydra imports every module under `hydra_plugins` at start-up, so this one imports qft (and torch) only when
@@ -80,7 +80,8 @@ class DryRunLauncher(Launcher):
             config.hydra.sweep.dir = self.scratch
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from qft import memory, model
+        from qft import model
+        from qft.tools import memory
         from qft.errors import QftError
 
         setup_globals()

@@ -1,10 +1,11 @@
 """The result records a budget method draws on (budget.records, budget.bits_records), read through
-qft.report.collect, the one reader of records, and narrowed to one dataset, since accuracies of tasks never pool."""
+qft.frame.collect, the one reader of records, and narrowed to one dataset, since accuracies of tasks never pool."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from qft import frame
 from qft.errors import QftError
 
 
@@ -27,10 +28,8 @@ def one_dataset(ok, data: str | None, what: str, strict: bool):
 
 
 def read_records(key: str, folder):
-    """The records under a folder named by a budget key, through qft.report.collect (the one reader of records)."""
+    """The records under a folder named by a budget key, through qft.frame.collect (the one reader of records)."""
     path = Path(str(folder)).expanduser()
     if not path.is_dir():
         raise QftError(key, str(folder), "no such folder")
-    from qft import report
-
-    return report.collect([path])
+    return frame.collect([path])

@@ -137,7 +137,7 @@ def fit(df, data: str | None = None) -> Fit:
 
 
 def fit_records(cfg) -> Fit:
-    """The fit of budget.records (a folder of result records, read through qft.report.collect, the one
+    """The fit of budget.records (a folder of result records, read through qft.frame.collect, the one
     reader of records) on budget.records_data."""
     if not cfg.get("records"):
         raise QftError("budget.records", None, "budget.method=fitted needs a folder of result records, "

@@ -8,7 +8,8 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from qft.report.frame import THIRD_ALPHAS, THIRDS, uneven_depth, varies
+from qft.frame import THIRD_ALPHAS, THIRDS
+from qft.tools.report.views import uneven_depth, varies
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -1,4 +1,4 @@
-"""`python -m qft.simulate`: compare the offload policies on a preset or YAML server from the command line;
+"""`python -m qft.tools.simulate`: compare the offload policies on a preset or YAML server from the command line;
 bad input ends as one line on stderr and exit status 2, like every qft CLI."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ import sys
 from pathlib import Path
 
 from qft.errors import QftError, fail, one_of
-from qft.simulate.checks import PLACEMENTS
-from qft.simulate.inputs import GB
-from qft.simulate.loading import load, workload_from_dict
-from qft.simulate.policies import compare, sweep
-from qft.simulate.presets import MODELS, SERVERS, workload_from_model
-from qft.simulate.report import describe, format_table, table_rows, write_outputs, write_sweep
+from qft.tools.simulate.checks import PLACEMENTS
+from qft.tools.simulate.inputs import GB
+from qft.tools.simulate.loading import load, workload_from_dict
+from qft.tools.simulate.policies import compare, sweep
+from qft.tools.simulate.presets import MODELS, SERVERS, workload_from_model
+from qft.tools.simulate.report import describe, format_table, table_rows, write_outputs, write_sweep
 
 
 class _Parser(argparse.ArgumentParser):
@@ -44,7 +44,7 @@ def _parse_fraction(text):
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = _Parser(prog="python -m qft.simulate", description="Compare activation-offload policies for "
+    ap = _Parser(prog="python -m qft.tools.simulate", description="Compare activation-offload policies for "
                  "pipeline-parallel fine-tuning on a described server (discrete-event simulation).")
     ap.add_argument("server", nargs="?", default="rtx3090x4", help=f"a preset ({', '.join(SERVERS)}) or a YAML file")
     ap.add_argument("--model", default=None, help=f"model shape ({', '.join(MODELS)}); default llama2-7b. A YAML "

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import math
 
-from qft.report.compare import MARGIN
-from qft.report.frame import AXES, THIRDS, uneven_depth
+from qft.tools.report.compare import MARGIN
+from qft.frame import AXES, THIRDS
+from qft.tools.report.views import uneven_depth
 
 
 def table(header: list, rows, align: str = "---") -> list[str]:

@@ -3,7 +3,7 @@ so the reader sees where the time and the memory go, not only the table."""
 
 from __future__ import annotations
 
-from qft.simulate.inputs import GiB, Server
+from qft.tools.simulate.inputs import GiB, Server
 
 COLOURS = {"F": "#4c72b0", "B": "#55a868", "offload": "#dd8452", "prefetch": "#8172b3", "act": "#999999",
            "grad": "#666666"}

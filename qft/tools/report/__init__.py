@@ -1,6 +1,6 @@
 """Collect result records into one table and draw the layer-sensitivity plots.
 
-    python -m qft.report results/rank_sweep/runs [more paths...] [--out results/rank_sweep]
+    python -m qft.tools.report results/rank_sweep/runs [more paths...] [--out results/rank_sweep]
 
 Reads every result.json under the paths (the records are the single source of truth), writes runs.csv and
 runs.parquet (one row a run), summary.md (one row a configuration, seeds pooled as mean, standard
@@ -11,16 +11,17 @@ Each configuration is compared with the best one, or with a reference (`--versus
 (`--within attn_bits`): the difference and its 95% Welch interval say whether it is larger than the seed noise.
 
 One module a concern: frame (records into a frame), compare (seeds pooled, configurations compared), declared
-(a plan's contrasts), tables (markdown), plots (PNG), summary (the files of a report), cli (`python -m qft.report`).
+(a plan's contrasts), tables (markdown), plots (PNG), summary (the files of a report), cli (`python -m qft.tools.report`).
 """
 
 from __future__ import annotations
 
-from qft.report.cli import main, parser  # noqa: F401
-from qft.report.compare import MARGIN, MIN_SEEDS, compare_configs, grouped, reference  # noqa: F401
-from qft.report.declared import contrasts, read_plan  # noqa: F401
-from qft.report.frame import AXES, THIRD_ALPHAS, THIRDS, class_scores, collect, learning_curves, row  # noqa: F401
-from qft.report.plots import COLORS, pareto, plot_accuracy_vs_params, plot_alpha_curves, plot_bits_rank  # noqa: F401
-from qft.report.plots import plot_cells, plot_heatmap, plot_learning_curves  # noqa: F401
-from qft.report.summary import pd_none, report  # noqa: F401
-from qft.report.tables import markdown  # noqa: F401
+from qft.tools.report.cli import main, parser  # noqa: F401
+from qft.tools.report.compare import MARGIN, MIN_SEEDS, compare_configs, grouped, reference  # noqa: F401
+from qft.tools.report.declared import contrasts, read_plan  # noqa: F401
+from qft.frame import AXES, THIRD_ALPHAS, THIRDS, class_scores, collect, row  # noqa: F401
+from qft.tools.report.views import learning_curves  # noqa: F401
+from qft.tools.report.plots import COLORS, pareto, plot_accuracy_vs_params, plot_alpha_curves, plot_bits_rank  # noqa: F401
+from qft.tools.report.plots import plot_cells, plot_heatmap, plot_learning_curves  # noqa: F401
+from qft.tools.report.summary import pd_none, report  # noqa: F401
+from qft.tools.report.tables import markdown  # noqa: F401

@@ -7,8 +7,8 @@ import dataclasses
 from pathlib import Path
 
 from qft.errors import QftError
-from qft.simulate.inputs import Server, Stage, Workload
-from qft.simulate.presets import SERVERS, workload_from_model
+from qft.tools.simulate.inputs import Server, Stage, Workload
+from qft.tools.simulate.presets import SERVERS, workload_from_model
 
 
 def _from_dict(cls, d: dict, key: str, convert=None):

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from qft import footprint
+from qft.planning import footprint
 from qft import layers as L
 from qft.errors import QftError
-from qft.footprint import GiB
+from qft.planning.footprint import GiB
 
 
 def in_flight(stage: int, stages: int, micro_batches: int, schedule: str) -> int:

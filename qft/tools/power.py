@@ -1,4 +1,4 @@
-"""Seeds and test size a study needs, from pilot records: `python -m qft.power RECORDS... --delta 0.02`.
+"""Seeds and test size a study needs, from pilot records: `python -m qft.tools.power RECORDS... --delta 0.02`.
 
 From records with per-example scores it estimates, over every pair of trained configurations scored on the same
 seeds and examples, the crossed variance components of a paired difference (seed, example, residual; qft.stats),
@@ -114,7 +114,7 @@ def plan(paths, delta: float, margin: float, alpha: float, family: int, cells: i
     kind = record.cpu_kind()[1]
     train_s, per_ex, note = hours_per_run(recs, kind)
     val = int(np.median([(r.get("data") or {}).get("sizes", {}).get("val", 0) for _, r in recs]))
-    lines = [f"qft.power: {len(recs)} ok records, {len(configs)} trained configurations; metric {metric}; "
+    lines = [f"qft.tools.power: {len(recs)} ok records, {len(configs)} trained configurations; metric {metric}; "
              f"delta {delta:g}, equivalence margin ±{margin:g}, alpha {alpha:g} over a family of {family} "
              f"(planned at {a:.3g} each), 80% power; {cells} cells"]
     comp = components(configs)
@@ -155,7 +155,7 @@ def plan(paths, delta: float, margin: float, alpha: float, family: int, cells: i
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m qft.power", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m qft.tools.power", description=__doc__.split("\n\n")[0])
     ap.add_argument("records", nargs="+", help="folders of pilot result records")
     ap.add_argument("--delta", type=float, default=0.02, help="the difference to find (default 0.02)")
     ap.add_argument("--margin", type=float, default=None, help="the equivalence margin (default: delta)")
@@ -178,7 +178,7 @@ def main(argv=None) -> int:
         print(plan(args.records, args.delta, args.margin or args.delta, args.alpha, args.family, args.cells,
                    args.metric))
     except QftError as e:
-        return fail("qft.power", e)
+        return fail("qft.tools.power", e)
     return 0
 
 

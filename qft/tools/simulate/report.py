@@ -6,8 +6,8 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from qft.simulate.inputs import GB, GiB, Server, Workload
-from qft.simulate.plots import plot_gantt, plot_peak_memory, plot_step_time, plot_sweep
+from qft.tools.simulate.inputs import GB, GiB, Server, Workload
+from qft.tools.simulate.plots import plot_gantt, plot_peak_memory, plot_step_time, plot_sweep
 
 
 def describe(server: Server, work: Workload, placement) -> str:

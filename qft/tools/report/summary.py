@@ -7,12 +7,13 @@ import json
 from pathlib import Path
 
 from qft.record import RECORD
-from qft.report.compare import grouped
-from qft.report.declared import contrasts, read_plan
-from qft.report.frame import THIRD_ALPHAS, collect, learning_curves, uneven_depth, varies
-from qft.report.plots import (plot_accuracy_vs_params, plot_alpha_curves, plot_bits_rank, plot_cells, plot_heatmap,
+from qft.tools.report.compare import grouped
+from qft.tools.report.declared import contrasts, read_plan
+from qft.frame import THIRD_ALPHAS, collect
+from qft.tools.report.views import learning_curves, uneven_depth, varies
+from qft.tools.report.plots import (plot_accuracy_vs_params, plot_alpha_curves, plot_bits_rank, plot_cells, plot_heatmap,
                               plot_learning_curves)
-from qft.report.tables import curves_markdown, markdown
+from qft.tools.report.tables import curves_markdown, markdown
 
 
 def report(paths, out: Path | None = None, versus: dict | None = None, within: tuple = (),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from qft.simulate.checks import check_policy, check_server, check_workload
+from qft.tools.simulate.checks import check_policy, check_server, check_workload
 
 GB = 1e9
 GiB = 2**30

@@ -7,10 +7,10 @@ import dataclasses
 import itertools
 
 from qft.errors import QftError
-from qft.simulate.checks import POLICIES, finite
-from qft.simulate.engine import Run
-from qft.simulate.inputs import Policy, Result, Server, Workload
-from qft.simulate.schedules import inflight, placement_of
+from qft.tools.simulate.checks import POLICIES, finite
+from qft.tools.simulate.engine import Run
+from qft.tools.simulate.inputs import Policy, Result, Server, Workload
+from qft.tools.simulate.schedules import inflight, placement_of
 
 AUTO_ROUNDS = 6  # re-simulations that raise an 'auto' fraction where the first estimate does not fit
 

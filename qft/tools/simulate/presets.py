@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from qft.errors import QftError, integer, one_of
-from qft.simulate.checks import finite
-from qft.simulate.inputs import GB, GiB, Server, Stage, Workload
+from qft.tools.simulate.checks import finite
+from qft.tools.simulate.inputs import GB, GiB, Server, Stage, Workload
 
 
 def _rtx3090(n):

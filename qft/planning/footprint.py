@@ -1,4 +1,4 @@
-"""The memory model of one qft training step, from the composed config alone (`python -m qft.memory` asks it).
+"""The memory model of one qft training step, from the composed config alone (`python -m qft.tools.memory` asks it).
 
 The model is built on the meta device (no weights), so a 70B architecture is planned in seconds. Bytes are
 counted the way qft's code really holds them: NF4/FP4 and LLM.int8 weights with bitsandbytes' exact

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from qft import stats
-from qft.report.compare import MARGIN, MIN_SEEDS, compare_configs, equal
-from qft.report.tables import table
+from qft.tools.report.compare import MARGIN, MIN_SEEDS, compare_configs, equal
+from qft.tools.report.tables import table
 
 
 def read_plan(path: Path) -> dict:

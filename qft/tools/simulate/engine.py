@@ -9,8 +9,8 @@ import itertools
 import math
 from collections import deque
 
-from qft.simulate.inputs import Event, Policy, Result, Server, Workload
-from qft.simulate.schedules import schedule_order
+from qft.tools.simulate.inputs import Event, Policy, Result, Server, Workload
+from qft.tools.simulate.schedules import schedule_order
 
 RELAY_SLOTS = 4  # chunks that may be staged on a relay GPU between their two hops, all flows together
 

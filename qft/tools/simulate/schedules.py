@@ -4,7 +4,7 @@ kept apart from the engine so the closed forms they encode can be read (and test
 from __future__ import annotations
 
 from qft.errors import QftError
-from qft.simulate.inputs import Server
+from qft.tools.simulate.inputs import Server
 
 
 def schedule_order(schedule: str, m: int, p: int, s: int) -> list:

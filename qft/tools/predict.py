@@ -1,4 +1,4 @@
-"""Score new texts with a trained adapter: `python -m qft.predict RUN_DIR texts.csv [--out predictions.csv]`.
+"""Score new texts with a trained adapter: `python -m qft.tools.predict RUN_DIR texts.csv [--out predictions.csv]`.
 
 The run's record says everything needed to rebuild what it scored with: the base model, quantized per layer type as
 the run quantized it, the adapter it saved (stock PEFT safetensors), the prompt frame, the text budget and the label
@@ -60,7 +60,7 @@ def predict(run_dir: Path, texts: list[str], batch_size: int = 32) -> tuple[list
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m qft.predict", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m qft.tools.predict", description=__doc__.split("\n\n")[0])
     ap.add_argument("run_dir", help="a run directory of python -m qft (result.json and adapter/)")
     ap.add_argument("texts", help="a .csv, .tsv, .json or .jsonl file of texts")
     ap.add_argument("--text-column", default=None, help="default: the run's data.text_column, else 'text'")
@@ -94,8 +94,8 @@ def main(argv=None) -> int:
             for i, text in enumerate(texts):
                 w.writerow([text, preds[i], *([gold[i]] if gold else []), *[f"{v:.6f}" for v in scores[i].tolist()]])
     except QftError as e:
-        return fail("qft.predict", e)
-    line = f"qft.predict: {len(texts)} texts scored with {run_dir}'s adapter -> {out}"
+        return fail("qft.tools.predict", e)
+    line = f"qft.tools.predict: {len(texts)} texts scored with {run_dir}'s adapter -> {out}"
     if gold:
         line += f"; accuracy {sum(p == g for p, g in zip(preds, gold)) / len(gold):.4f}"
     print(line)

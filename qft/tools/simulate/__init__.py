@@ -8,22 +8,22 @@ GPU is booked: compute streams, PCIe/NVLink links (one FIFO per direction, chunk
 interleave) and per-GPU memory are simulated event by event. Its modules, each importing only those before
 it: checks, inputs, schedules, engine, policies, presets, loading, plots, report, cli.
 
-    python -m qft.simulate rtx3090x4 --model llama2-7b --seq-len 2048 --micro-batches 16
-    python -m qft.simulate my_server.yaml --out results/pipeline_offload/mine
+    python -m qft.tools.simulate rtx3090x4 --model llama2-7b --seq-len 2048 --micro-batches 16
+    python -m qft.tools.simulate my_server.yaml --out results/pipeline_offload/mine
 """
 
 from __future__ import annotations
 
-from qft.simulate.checks import PLACEMENTS, POLICIES, SCHEDULES
-from qft.simulate.cli import main, parser
-from qft.simulate.engine import RELAY_SLOTS
-from qft.simulate.inputs import GB, Event, GiB, Policy, Result, Server, Stage, Workload
-from qft.simulate.loading import load, server_from_dict, workload_from_dict
-from qft.simulate.plots import COLOURS, plot_gantt, plot_peak_memory, plot_step_time, plot_sweep
-from qft.simulate.policies import AUTO_ROUNDS, compare, simulate, sweep
-from qft.simulate.presets import MODELS, SERVERS, ModelShape, workload_from_model
-from qft.simulate.report import describe, format_table, table_rows, write_outputs, write_sweep
-from qft.simulate.schedules import inflight, placement_of, schedule_order
+from qft.tools.simulate.checks import PLACEMENTS, POLICIES, SCHEDULES
+from qft.tools.simulate.cli import main, parser
+from qft.tools.simulate.engine import RELAY_SLOTS
+from qft.tools.simulate.inputs import GB, Event, GiB, Policy, Result, Server, Stage, Workload
+from qft.tools.simulate.loading import load, server_from_dict, workload_from_dict
+from qft.tools.simulate.plots import COLOURS, plot_gantt, plot_peak_memory, plot_step_time, plot_sweep
+from qft.tools.simulate.policies import AUTO_ROUNDS, compare, simulate, sweep
+from qft.tools.simulate.presets import MODELS, SERVERS, ModelShape, workload_from_model
+from qft.tools.simulate.report import describe, format_table, table_rows, write_outputs, write_sweep
+from qft.tools.simulate.schedules import inflight, placement_of, schedule_order
 
 __all__ = [
     "AUTO_ROUNDS", "COLOURS", "GB", "GiB", "MODELS", "PLACEMENTS", "POLICIES", "RELAY_SLOTS", "SCHEDULES", "SERVERS",

@@ -1,5 +1,5 @@
 """Result records into one frame, a row a run: the records are the single source of truth, so every table, plot
-and comparison of the report (and budget.method=fitted) reads them through `collect`."""
+and comparison of qft.tools.report, and budget.method=fitted, reads them through `collect`."""
 
 from __future__ import annotations
 
@@ -84,33 +84,5 @@ def collect(paths) -> "pd.DataFrame":
             try:
                 rows.append(row(json.loads(f.read_text()), f))
             except (OSError, ValueError) as e:
-                print(f"qft.report: skipping unreadable {f}: {e}", file=sys.stderr)
+                print(f"qft.tools.report: skipping unreadable {f}: {e}", file=sys.stderr)
     return pd.DataFrame(rows)
-
-
-def learning_curves(ok) -> tuple[list[str], "pd.DataFrame"] | None:
-    """Validation accuracy and gold-label log-likelihood against step, one column per run, labelled by the config
-    keys that differ between the runs (a pilot's learning rates, say); None without curves of 3 or more points."""
-    import pandas as pd
-
-    runs = ok[ok.val_curve.map(lambda c: isinstance(c, list) and len(c) >= 3)] if "val_curve" in ok else ok.iloc[:0]
-    if runs.empty:
-        return None
-    cfg = [c for c in runs if c.startswith("cfg.") and runs[c].map(repr).nunique() > 1]
-    names = [", ".join(f"{c[4:]}={r[c]}" for c in cfg) or f"seed={r.seed}" for _, r in runs.iterrows()]
-    cols = {}
-    for name, (_, r) in zip(names, runs.iterrows()):
-        cols[f"val acc ({name})"] = dict(map(tuple, r.val_curve))
-        if isinstance(r.val_loglik_curve, list):
-            cols[f"val gold loglik ({name})"] = dict(map(tuple, r.val_loglik_curve))
-    return names, pd.DataFrame(cols).sort_index().rename_axis("step")
-
-
-def varies(g, column: str) -> bool:
-    return column in g and g[column].nunique() > 1
-
-
-def uneven_depth(g) -> bool:
-    """Whether some configuration gives the depth thirds different adapter sizes (a depth study)."""
-    thirds = g[[f"params_{t}" for t in THIRDS]].dropna()
-    return bool(len(thirds)) and bool((thirds.nunique(axis=1) > 1).any())

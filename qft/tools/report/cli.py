@@ -1,7 +1,7 @@
 """Collect result records into one table and draw the layer-sensitivity plots.
 
-The command line, `python -m qft.report PATH... [--out DIR] [--plan plan.yaml] [--versus ...] [--within ...]`:
-the package's docstring says what it writes; here a bad argument becomes one `qft.report: error:` line and exit 2.
+The command line, `python -m qft.tools.report PATH... [--out DIR] [--plan plan.yaml] [--versus ...] [--within ...]`:
+the package's docstring says what it writes; here a bad argument becomes one `qft.tools.report: error:` line and exit 2.
 """
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from qft.report.summary import report
+from qft.tools.report.summary import report
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m qft.report", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m qft.tools.report", description=__doc__.split("\n\n")[0])
     ap.add_argument("paths", nargs="+", help="folders searched for result.json (or result.json files)")
     ap.add_argument("--out", help="output folder (default results/<experiment>)")
     ap.add_argument("--versus", default="", help="the reference configuration, as columns of the table: "
@@ -30,16 +30,16 @@ def main(argv=None) -> int:
     try:
         versus = dict(kv.split("=", 1) for kv in args.versus.split(",") if kv) or None
     except ValueError:
-        print(f"qft.report: error: --versus={args.versus}: COLUMN=VALUE pairs separated by commas", file=sys.stderr)
+        print(f"qft.tools.report: error: --versus={args.versus}: COLUMN=VALUE pairs separated by commas", file=sys.stderr)
         return 2
     missing = [p for p in args.paths if not Path(p).exists()]
     if missing:
-        print(f"qft.report: error: paths={missing}: no such file or folder", file=sys.stderr)
+        print(f"qft.tools.report: error: paths={missing}: no such file or folder", file=sys.stderr)
         return 2
     try:
         files = report(args.paths, args.out, versus, tuple(c for c in args.within.split(",") if c), args.plan)
     except ValueError as e:
-        print(f"qft.report: error: {e}", file=sys.stderr)
+        print(f"qft.tools.report: error: {e}", file=sys.stderr)
         return 2
     print("wrote " + ", ".join(str(p) for p in files.values()))
     return 0

@@ -11,7 +11,7 @@ import numpy as np
 
 from qft import stats
 from qft.record import read_examples
-from qft.report.frame import AXES, THIRDS
+from qft.frame import AXES, THIRDS
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -1,4 +1,4 @@
-"""Measured memory of a training step: the counterpart the memory model (qft.footprint) is checked against."""
+"""Measured memory of a training step: the counterpart the memory model (qft.planning.footprint) is checked against."""
 
 from __future__ import annotations
 

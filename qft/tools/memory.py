@@ -1,10 +1,10 @@
 """Will this config fit on my GPU? A memory model of one qft training step, from the composed config alone.
 
-The model itself is qft.footprint (what a step holds, layer by layer) and qft.stages (how a pipeline splits it);
+The model itself is qft.planning.footprint (what a step holds, layer by layer) and qft.planning.stages (how a pipeline splits it);
 this is the question a user asks of them, a table, and what would fit instead.
 
-    python -m qft.memory model=llama2_7b device=cuda train.batch_size=4 data.max_length=512
-    python -m qft.memory model=llama3_70b device=cuda offload.device_budget_gb=24   # fits? if not, what would
+    python -m qft.tools.memory model=llama2_7b device=cuda train.batch_size=4 data.max_length=512
+    python -m qft.tools.memory model=llama3_70b device=cuda offload.device_budget_gb=24   # fits? if not, what would
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import sys
 from dataclasses import dataclass
 
 from qft import layers as L
-from qft import stages
+from qft.planning import stages
 from qft.errors import QftError, fail
-from qft.footprint import GiB, eval_peak, layer_costs, resolve, target_device
-from qft.stages import HOST, stage_components, stage_peaks
+from qft.planning.footprint import GiB, eval_peak, layer_costs, resolve, target_device
+from qft.planning.stages import HOST, stage_components, stage_peaks
 
 
 @dataclass
@@ -47,7 +47,7 @@ class Estimate:
 
 def estimate(cfg, source=None, answer_tokens: int | None = None, answer_rows: int | None = None,
              padded: bool = True, files: bool = True) -> Estimate:
-    """Per-device peak memory of one training step of `cfg`, from the config alone (no weights); see qft.footprint.resolve."""
+    """Per-device peak memory of one training step of `cfg`, from the config alone (no weights); see qft.planning.footprint.resolve."""
     p = resolve(cfg, source, answer_tokens, answer_rows, padded, files)
     off = p.offload
     if off["mode"] == "pipeline":
@@ -207,7 +207,7 @@ def table(est: Estimate) -> str:
 def main(argv=None) -> int:
     from qft import config
 
-    cfg = config.compose(argv, "qft.memory")
+    cfg = config.compose(argv, "qft.tools.memory")
     if cfg is None:
         return 2
     try:
@@ -241,7 +241,7 @@ def main(argv=None) -> int:
                       + (f"train.eval_batch_size={b[0]} would ({b[1] / GiB:.3f} GiB)" if b else
                          "not even at train.eval_batch_size=1"))
     except QftError as e:
-        return fail("qft.memory", e)
+        return fail("qft.tools.memory", e)
     return 0
 
 
