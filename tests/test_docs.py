@@ -12,11 +12,13 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from qft import config, validate
+from qft.planning import footprint
 from qft.tools import memory, power, report, simulate
 from qft.errors import QftError
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = [ROOT / "README.md", ROOT / "benchmarks" / "README.md", *sorted((ROOT / "experiments").rglob("*.md"))]
+DOCS = [ROOT / "README.md", ROOT / "benchmarks" / "README.md", *sorted((ROOT / "experiments").rglob("*.md")),
+        *sorted((ROOT / "docs").rglob("*.md"))]
 COMMAND = re.compile(r"(^|\s)(python -m qft|torchrun .*-m qft|make )")
 
 
@@ -122,7 +124,7 @@ def test_documented_command_runs_as_written(where, line, monkeypatch, tmp_path):
     elif module in ("qft.tools.memory", "qft.budget"):
         assert not any(a.startswith("--") for a in args), f"{line}: {module} takes Hydra overrides only"
         cfg = hydra_cfg(args)
-        memory.plan(cfg) if module == "qft.tools.memory" else validate.validate(cfg, planning=True)
+        footprint.resolve(cfg) if module == "qft.tools.memory" else validate.validate(cfg, planning=True)
     elif module == "qft.tools.report":
         ns = report.parser().parse_args(args)
         assert all(Path(p).exists() or p in sweep_folders() for p in ns.paths), line
