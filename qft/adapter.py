@@ -23,10 +23,11 @@ DROPOUT_MASKS = ("torch", "fast")
 
 
 def check(cfg, depth: int | None = None) -> None:
-    L.check_spec(cfg, "adapter", FIELDS, depth, other_keys=("dropout", "use_rslora", "dropout_mask"))
+    L.check_spec(cfg, "adapter", FIELDS, depth, other_keys=("dropout", "use_rslora", "dropout_mask", "shared_dropout"))
     if not 0 <= cfg.dropout < 1:
         raise QftError("adapter.dropout", cfg.dropout, "a number in [0, 1)")
     boolean("adapter.use_rslora", cfg.use_rslora)
+    boolean("adapter.shared_dropout", cfg.get("shared_dropout", False))
     if cfg.get("dropout_mask", "torch") not in DROPOUT_MASKS:
         raise QftError("adapter.dropout_mask", cfg.dropout_mask, f"allowed: {', '.join(DROPOUT_MASKS)}")
     for lt in L.LAYER_TYPES:
@@ -79,10 +80,11 @@ def lora_config(cfg, plan_: dict[str, dict]):
     )
 
 
-def attach(model: nn.Module, cfg, layers: list[L.Layer]):
+def attach(model: nn.Module, cfg, layers: list[L.Layer], shared_input: tuple = L.Architecture().shared_input):
     """Wrap the quantized model with peft; return it with its plan, after checking every module.
 
-    A plan with every rank 0 leaves the model unwrapped: the zero-budget point of a sweep.
+    A plan with every rank 0 leaves the model unwrapped: the zero-budget point of a sweep. `shared_input` names
+    the projections that read one input (the architecture registry's), which adapter.shared_dropout groups.
     """
     from peft import get_peft_model
 
@@ -97,7 +99,50 @@ def attach(model: nn.Module, cfg, layers: list[L.Layer]):
             if isinstance(getattr(module, "lora_dropout", None), nn.ModuleDict):
                 for key in module.lora_dropout:
                     module.lora_dropout[key] = FastDropout(cfg.dropout)
+    if cfg.get("shared_dropout", False) and cfg.dropout > 0:
+        share_dropout(peft_model, layers, shared_input)
     return peft_model, plan_
+
+
+class SharedDropout(nn.Module):
+    """One dropout mask for the projections that read one input (adapter.shared_dropout): the first member called
+    with an input draws the mask, the others reuse the dropped input. A different model of dropout than peft's (each
+    projection its own mask), hence opt-in and in the config hash; it saves the group's other masks and their
+    elementwise work forward and backward (benchmarks/lora_inputs.py). The members of a group are called with the
+    very same input tensor (the layer's normed hidden state); a new tensor, as in checkpointing's recompute with
+    the RNG state restored, draws again."""
+
+    def __init__(self, inner: nn.Module, cache: dict):
+        super().__init__()
+        self.inner, self.cache = inner, cache
+
+    def forward(self, x):
+        if not self.training:
+            return self.inner(x)
+        c = self.cache
+        if c.get("x") is not x or c.get("version") != x._version:
+            c.update(x=x, version=x._version, dropped=self.inner(x), uses=0, draws=c.get("draws", 0) + 1)
+        dropped = c["dropped"]
+        c["uses"] += 1
+        if c["uses"] == c["members"]:  # the last member has it: hold it no longer than peft would
+            c.update(x=None, dropped=None)
+        return dropped
+
+    def extra_repr(self) -> str:
+        return "mask shared by its group"
+
+
+def share_dropout(model: nn.Module, layers: list[L.Layer], shared_input: tuple) -> None:
+    base = model.get_base_model()
+    by_parent = defaultdict(dict)
+    for layer in layers:
+        by_parent[layer.name.rpartition(".")[0]][layer.proj] = base.get_submodule(layer.name)
+    for projs in by_parent.values():
+        for names in shared_input:
+            members = [projs[n] for n in names if n in projs and "default" in getattr(projs[n], "lora_dropout", {})]
+            cache: dict = {"members": len(members)}
+            for m in members:
+                m.lora_dropout["default"] = SharedDropout(m.lora_dropout["default"], cache)
 
 
 def mark_quantized(model: nn.Module) -> None:

@@ -37,6 +37,9 @@ _NOT_HASHED = {("train", "resume"), ("train", "stop_after_steps"), ("train", "ho
 # Keys added after records existed, at the value that meant the behaviour before them: a record's config that
 # lacks one is hashed with it, so the report still pools such records with newer ones of the same computation.
 _THEN = {("adapter", "dropout_mask"): "torch"}
+# Keys added after records existed whose default computes what was computed before them: at that value they are left
+# out of the hash, so earlier records (and checkpoints of runs in flight) still match a config that has them.
+_ABSENT_AT = {("adapter", "shared_dropout"): False}
 # Settings applied in the order written, the later winning: their order is part of what a run computes.
 _ORDERED = (("adapter", "depth_groups"), ("quant", "depth_groups"))
 
@@ -80,6 +83,10 @@ def config_hash(cfg, ignore: tuple = (), inputs_: dict | None = None) -> str:
         parent = _get(conf, path[:-1])
         if isinstance(parent, dict):
             parent.setdefault(path[-1], then)
+    for path, default in _ABSENT_AT.items():
+        parent = _get(conf, path[:-1])
+        if isinstance(parent, dict) and parent.get(path[-1], default) == default:
+            parent.pop(path[-1], None)
     if (conf.get("budget") or {}).get("params") is None:
         conf.pop("budget", None)  # a budget that is off is no part of the config
     for path in _NOT_HASHED:

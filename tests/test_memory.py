@@ -155,3 +155,18 @@ def test_cli_bad_input_exits_2_with_one_line(args, needle, capsys):
     assert memory.main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("qft.tools.memory: error: ") and needle in err[0]
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_shared_dropout_saves_what_the_memory_model_says(dtype):
+    """One mask (and, in fp32, one dropped input) a group instead of one a projection: the estimate moves by what
+    the measured step moves, byte for byte."""
+    est, got = {}, {}
+    for shared in ("false", "true"):
+        cfg, _, built = build(f"quant.compute_dtype={dtype}", f"adapter.shared_dropout={shared}")
+        cfg = sized(cfg)
+        est[shared] = memory.estimate(cfg, answer_tokens=K).peak
+        torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
+        got[shared] = measure.measure_step(built.model, cfg.train, [batch()], 2, torch_dtype)["peak"]
+    assert est["true"] < est["false"]
+    assert est["true"] - est["false"] == got["true"] - got["false"]

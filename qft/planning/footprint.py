@@ -84,6 +84,7 @@ class Resolved:
     eval_batch: int
     offload: dict
     fast_mask: bool = False  # adapter.dropout_mask=fast keeps a 1-byte mask, torch's dropout one in its input's dtype
+    shared_dropout: bool = False  # adapter.shared_dropout: one mask (and dropped input) per group reading one input
     fused: bool = False  # train.fuse_projections: groups reading one input share a matmul; the head is cast once
 
 
@@ -187,6 +188,7 @@ def resolve(cfg, source=None, answer_tokens: int | None = None, answer_rows: int
                 bool(cfg.train.gradient_checkpointing), cfg.train.optimizer, int(cfg.train.batch_size),
                 int(cfg.data.max_length), int(answer_tokens), answer_rows, padded,
                 int(cfg.train.eval_batch_size), off, fast_mask=cfg.adapter.get("dropout_mask", "torch") == "fast",
+                shared_dropout=bool(cfg.adapter.get("shared_dropout", False)),
                 fused=bool(cfg.train.get("fuse_projections", False)))
 
 
@@ -238,6 +240,8 @@ def _layer_activations(p: Resolved, depth: int, grad_in: bool, b: int) -> tuple[
     mask_el = _mask_bytes(p)
     by_proj = {l.proj: l for l in p.projections if l.depth == depth}
     shared = set()  # without autocast or dropout, projections reading the same input save it once
+    masked = set()  # with adapter.shared_dropout, the inputs whose one mask is already counted
+    one_mask = p.dropout and p.shared_dropout
 
     def r_of(proj: str) -> int:
         return p.ranks.get(by_proj[proj].name, 0) if proj in by_proj else 0
@@ -252,13 +256,16 @@ def _layer_activations(p: Resolved, depth: int, grad_in: bool, b: int) -> tuple[
             keep = (c if autocast else 4) * r * t + (c * r * (d_in + d_out) if autocast else 0)
         elif autocast:  # a bf16 copy of the input per projection, the rank-r middle, the cached bf16 weights
             keep = c * (d_in + r) * t + c * r * (d_in + d_out)
-        elif p.dropout or source not in shared:  # the dropped (or shared) input and the middle, fp32
+        elif (p.dropout and not one_mask) or source not in shared:  # the dropped (or shared) input, the middle
             keep = 4 * (d_in + r) * t
-            if not p.dropout:
+            if not p.dropout or one_mask:
                 shared.add(source)
         else:
             keep = 4 * r * t
-        return keep + (mask_el * d_in * t if p.dropout and g else 0)
+        mask = mask_el * d_in * t if p.dropout and g and not (one_mask and source in masked) else 0
+        if mask and one_mask:
+            masked.add(source)
+        return keep + mask
 
     def backend(proj: str):
         return quant.for_settings(p.quant[by_proj[proj].name])
@@ -319,7 +326,7 @@ def _layer_work(p: Resolved, depth: int, b: int, saved: int) -> int:
         backend = quant.for_settings(p.quant[l.name])
         if p.dequantized and backend.holds_dequantized:
             continue
-        freed = (c + _mask_bytes(p) * p.dropout) * t * l.in_features if p.ranks.get(l.name) else 0
+        freed = (c + _mask_bytes(p) * (p.dropout and not p.shared_dropout)) * t * l.in_features if p.ranks.get(l.name) else 0
         f, b_ = backend.work_bytes(l.in_features * l.out_features, c, p.device)
         fwd_w, bwd_w = max(fwd_w, f), max(bwd_w, b_ - freed) if b_ else bwd_w
     if p.fused:  # a fused group's output (compute dtype) is held until its last member has run
