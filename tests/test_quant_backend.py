@@ -85,3 +85,19 @@ def test_a_backend_from_one_file_trains_and_is_counted(rtn4, tmp_path, monkeypat
         one = base.get_submodule(layer.name).base_layer
         two = again.model.get_base_model().get_submodule(layer.name).base_layer
         assert type(one) is type(two) and torch.equal(quant.dequantized_weight(one), quant.dequantized_weight(two))
+
+
+def test_a_file_in_the_package_is_a_backend_without_any_other_change(tmp_path, monkeypatch):
+    """qft.quant imports every module of its package: a backend file put beside bnb4.py registers itself."""
+    import shutil
+    import sys
+
+    shutil.copy(Path(__file__).with_name("rtn4_backend.py"), tmp_path / "rtn4_extra.py")
+    monkeypatch.setattr(quant, "__path__", [*quant.__path__, str(tmp_path)])
+    monkeypatch.delitem(sys.modules, "qft.quant.rtn4_extra", raising=False)
+    try:
+        quant.discover()
+        assert "rtn4" in quant.BACKENDS and "rtn4" in quant.quant_types()
+    finally:
+        quant.BACKENDS.pop("rtn4", None)
+        sys.modules.pop("qft.quant.rtn4_extra", None)

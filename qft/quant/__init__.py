@@ -165,7 +165,7 @@ def describe(module: nn.Module) -> str:
     return (for_module(module) or Backend()).describe(module)
 
 
-def _discover() -> None:
+def discover() -> None:
     """Import every other module of this package: a backend added as one file registers itself."""
     import importlib
     import pkgutil
@@ -174,4 +174,4 @@ def _discover() -> None:
         importlib.import_module(f"{__name__}.{m.name}")
 
 
-_discover()
+discover()
