@@ -191,10 +191,11 @@ def design_df(components: dict, seeds: int, examples: int) -> float:
 
 
 def power_difference(delta: float, se: float, df: float, alpha: float) -> float:
-    """Power of the two-sided t-test at level alpha to find a true difference delta (noncentral t, scipy)."""
+    """Power of the two-sided t-test at level alpha to find a true difference delta (noncentral t, scipy). Both tails
+    are upper tails (P(T < -q; nc) = P(T > q; -nc)): scipy's nct.cdf returns NaN far in the lower tail."""
     q = st.t.ppf(1 - alpha / 2, df)
     nc = delta / se
-    return float(st.nct.sf(q, df, nc) + st.nct.cdf(-q, df, nc))
+    return float(st.nct.sf(q, df, nc) + st.nct.sf(q, df, -nc))
 
 
 def power_equivalence(margin: float, se: float, df: float, alpha: float, true_diff: float = 0.0) -> float:
@@ -202,7 +203,7 @@ def power_equivalence(margin: float, se: float, df: float, alpha: float, true_di
     Bonferroni lower bound P(upper) + P(lower) - 1, exact to 0.01 from 10 degrees of freedom and conservative below
     (so the planner may ask for more seeds than equivalence needs at 2-3 seeds)."""
     q = st.t.ppf(1 - alpha, df)
-    upper = st.nct.cdf(-q, df, (true_diff - margin) / se)  # P(reject diff >= +margin)
+    upper = st.nct.sf(q, df, (margin - true_diff) / se)  # P(reject diff >= +margin), as an upper tail (see above)
     lower = st.nct.sf(q, df, (true_diff + margin) / se)  # P(reject diff <= -margin)
     return float(max(0.0, upper + lower - 1))
 

@@ -114,6 +114,18 @@ def test_power_is_statsmodels_one_sample_power_and_alpha_at_no_effect():
     assert stats.power_equivalence(0.02, 0.001, 100, 0.05) > 0.999 and stats.power_equivalence(0.02, 0.05, 5, 0.05) == 0
 
 
+def test_power_at_few_seeds_and_a_large_effect_is_a_number_not_nan():
+    """scipy's nct.cdf is NaN far in the lower tail (df 3, nc 9.8): the planner read that NaN as "not enough" and
+    asked for a seed more than needed."""
+    from statsmodels.stats.power import TTestPower
+
+    got = stats.power_difference(0.02, 0.02 / 9.8, 3, 0.05 / 6)
+    assert got == pytest.approx(TTestPower().power(effect_size=9.8 / 2, nobs=4, alpha=0.05 / 6), rel=1e-6)
+    assert 0.9 < got < 1
+    eq = stats.power_equivalence(0.02, 0.02 / 9.8, 3, 0.05 / 6)
+    assert math.isfinite(eq) and 0.5 < eq < 1
+
+
 def test_power_cli_on_records_without_per_example_scores():
     res = subprocess.run([sys.executable, "-m", "qft.tools.power", "results/rank_sweep/runs", "--delta", "0.02"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
