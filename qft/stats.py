@@ -72,7 +72,9 @@ class Comparison:
 
 def _finish(diff: float, se: float, df: float, margin: float, method: str, n_seeds: int, n_examples=None,
             level: float = 0.95) -> Comparison:
-    if se == 0 or not math.isfinite(se):
+    if not (math.isfinite(se) and math.isfinite(diff)):  # nothing to judge by: no claim either way
+        return Comparison(diff, se, df, -math.inf, math.inf, 1.0, 1.0, margin, method, n_seeds, n_examples)
+    if se == 0:  # every paired difference identical: the difference is exact
         p = 0.0 if diff != 0 else 1.0
         p_tost = 0.0 if abs(diff) < margin else 1.0
         return Comparison(diff, se, df, diff, diff, p, p_tost, margin, method, n_seeds, n_examples)

@@ -174,3 +174,9 @@ def test_holm_counts_a_missing_member_of_the_family():
     c = stats._finish(0.05, 0.01, 50, 0.02, "x", 3)
     stats.holm([c, None, None])
     assert c.p_adj == pytest.approx(min(1.0, 3 * c.p))
+
+
+def test_a_non_finite_standard_error_makes_no_claim():
+    c = stats._finish(0.01, float("nan"), 3, 0.02, "x", 3)
+    assert c.verdict == "inconclusive" and (c.low, c.high) == (-math.inf, math.inf)
+    assert stats._finish(0.01, 0.0, 3, 0.02, "x", 3).verdict == "differs"  # identical paired differences: exact

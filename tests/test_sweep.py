@@ -1,6 +1,7 @@
 import math
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -129,7 +130,7 @@ def test_report_table_and_plots(tmp_path):
     runs = tmp_path / "runs"
     for attn_r in (0, 4):
         for mlp_r in (0, 4):
-            for seed in (0, 1):
+            for seed in (0, 1, 2) if attn_r == mlp_r == 4 else (0, 1):  # 3 seeds: the least a verdict takes
                 cfg = make_cfg(f"adapter.attn.r={attn_r}", f"adapter.mlp.r={mlp_r}", f"seed={seed}",
                                "data.train_size=16", "data.val_size=5", "data.test_size=10",
                                "train.steps=1", "train.batch_size=4", "train.zero_shot=false",
@@ -140,11 +141,11 @@ def test_report_table_and_plots(tmp_path):
     import pandas as pd
 
     df = pd.read_csv(files["csv"])
-    assert len(df) == 8 and set(df.status) == {"ok"}
+    assert len(df) == 9 and set(df.status) == {"ok"}
     assert sorted(df.params.unique()) == [0, 7168, 10752, 17920]
-    assert len(pd.read_parquet(files["parquet"])) == 8
+    assert len(pd.read_parquet(files["parquet"])) == 9
     summary = files["summary"].read_text()
-    assert summary.startswith("8 runs: 8 ok") and summary.count("| 2 |") == 3  # 3 trained configs, 2 seeds each
+    assert summary.startswith("9 runs: 9 ok") and summary.count("| 2 |") == 2 and summary.count("| 3 |") == 1
     assert summary.count("| 1 | ") == 1 and "one evaluation" in summary  # the untrained cell: deterministic, once
     assert "(paired-crossed;" in summary.split("\n")[0] and "keep no per-example" not in summary  # new records: paired
     plan = tmp_path / "plan.yaml"
@@ -157,10 +158,18 @@ def test_report_table_and_plots(tmp_path):
     assert "Holm across all 3, 2 of them not computable" in text and "| missing cell | - |" in text
     assert "| two seeds only | - |" in text
     row = json.loads((tmp_path / "out2" / "contrasts.json").read_text())[0]
-    assert row["method"] == "paired-crossed" and row["n_seeds"] == 2 and row["n_examples"] == 10
+    assert row["method"] == "paired-crossed" and row["n_seeds"] == 3 and row["n_examples"] == 10
     assert row["verdict"] in ("differs", "equivalent", "inconclusive")
     assert row["p_adj"] == pytest.approx(min(1.0, 3 * row["p"]))  # Holm's first step over a family of 3
     assert row["loglik"]["method"] == "paired-crossed" and row["loglik"]["verdict"] != "equivalent"  # no margin: never
+    # one trained seed against the untrained cell: a paired t over examples alone cannot see training noise (56%
+    # coverage simulated), so no verdict, as for trained cells under 3 seeds
+    one = tmp_path / "one_seed"
+    for name in ("a4m4s0", "a0m0s0"):
+        shutil.copytree(runs / name, one / name)
+    plan.write_text("contrasts:\n  - {name: one seed vs untrained, a: {attn_r: 4, mlp_r: 4}, b: {attn_r: 0, mlp_r: 0}}\n")
+    text = report.report([one], tmp_path / "out3", plan=plan)["contrasts"].read_text()
+    assert "| one seed vs untrained | - |" in text and "1 of them not computable" in text
     for name in ("accuracy_vs_params", "rank_heatmap"):
         assert files[name].stat().st_size > 10_000 and files[name].read_bytes()[:4] == b"\x89PNG"
 

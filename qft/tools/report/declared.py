@@ -56,23 +56,28 @@ def contrasts(df, g, plan: dict) -> tuple[list[dict], str]:
         loglik = {i: compare_configs(ok, *k, plan.get("loglik_margin", 0.0), "loglik") if None not in k else None
                   for i, k in enumerate(keys)}
         stats.holm(list(loglik.values()))
+        for x in loglik.values():
+            if x is not None:
+                x.alpha = plan["alpha"]
         loglik = {i: x for i, x in loglik.items() if x is not None}
     rows = [{"name": c["name"], **({} if comp is None else comp.as_dict()),
              **({"loglik": loglik[i].as_dict()} if i in loglik else {})} for i, (c, comp) in enumerate(found)]
-    header = ["contrast", "a - b", "95% CI", "p", "Holm p", "verdict", "method", "seeds", "examples",
+    header = ["contrast", "a - b", "95% CI", "p", "Holm p", "Holm TOST p", "verdict", "method", "seeds", "examples",
               *(["gold log-lik a - b [95% CI], Holm p"] if loglik else [])]
     cells = []
     for i, (c, comp) in enumerate(found):
         if comp is None:
-            cells.append([c["name"], "-", "-", "-", "-", "not computable: a cell has no records, or fewer than "
+            cells.append([c["name"], "-", "-", "-", "-", "-", "not computable: a cell has no records, or fewer than "
                           f"{MIN_SEEDS} seeds both cells share", "", "", "", *([""] if loglik else [])])
             continue
         x = loglik.get(i)  # None where this contrast's log-likelihood comparison was not computable
         cells.append([c["name"], f"{comp.diff:+.4f}", f"[{comp.low:+.4f}, {comp.high:+.4f}]", f"{comp.p:.3g}",
-                      f"{comp.p_adj:.3g}", comp.word(), comp.method, comp.n_seeds, comp.n_examples or "-",
+                      f"{comp.p_adj:.3g}", f"{comp.p_tost_adj:.3g}", comp.word(), comp.method, comp.n_seeds, comp.n_examples or "-",
                       *([f"{x.diff:+.4f} [{x.low:+.4f}, {x.high:+.4f}], {x.p_adj:.3g}"] if x is not None else [])])
     lines = [f"Declared contrasts ({plan['metric']}, margin ±{plan['margin']:g}, alpha {plan['alpha']:g}, Holm across "
-             f"all {len(found)}, {len(found) - len(comps)} of them not computable). Equivalence is TOST at alpha: the "
-             f"{100 - 200 * plan['alpha']:g}% interval inside ±margin; the 95% interval is shown.", "",
+             f"all {len(found)}, {len(found) - len(comps)} of them not computable). Holm runs within each kind of "
+             f"claim: differs (Holm p < alpha) and equivalent (Holm TOST p < alpha: both one-sided tests reject "
+             f"±margin), each with family-wise error alpha, so at most {2 * plan['alpha']:g} across both kinds. The "
+             f"95% interval shown is unadjusted.", "",
              *table(header, cells)]
     return rows, "\n".join(lines) + "\n"
