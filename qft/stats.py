@@ -46,6 +46,7 @@ class Comparison:
     p_adj: float | None = None
     p_tost_adj: float | None = None
     alpha: float = 0.05
+    components: dict | None = None  # a paired comparison's own crossed variance components (seed, example, residual)
 
     @property
     def verdict(self) -> str:
@@ -60,7 +61,8 @@ class Comparison:
     def negated(self) -> "Comparison":
         """B - A from A - B."""
         return Comparison(-self.diff, self.se, self.df, -self.high, -self.low, self.p, self.p_tost, self.margin,
-                          self.method, self.n_seeds, self.n_examples, self.p_adj, self.p_tost_adj, self.alpha)
+                          self.method, self.n_seeds, self.n_examples, self.p_adj, self.p_tost_adj, self.alpha,
+                          self.components)
 
     def as_dict(self) -> dict:
         return {**asdict(self), "verdict": self.verdict, "within_margin": self.within_margin}
@@ -137,11 +139,24 @@ def paired(a: np.ndarray, b: np.ndarray, margin: float = 0.02) -> Comparison:
         a = np.repeat(a, b.shape[0], 0)
     if a.shape != b.shape:
         raise ValueError(f"paired needs the same seeds: {a.shape[0]} against {b.shape[0]}")
-    mean, se, df, _ = crossed(a - b)
+    mean, se, df, comp = crossed(a - b)
     if a.shape[0] == 1:
         return _finish(mean, se, df, margin, "paired-crossed", 1, a.shape[1])
     low, high, p, p_tost = generalized(a - b, margin)
-    return Comparison(mean, se, df, low, high, p, p_tost, margin, "paired-crossed", a.shape[0], a.shape[1])
+    return Comparison(mean, se, df, low, high, p, p_tost, margin, "paired-crossed", a.shape[0], a.shape[1],
+                      components=comp)
+
+
+def detectable(c: Comparison, alpha: float, power: float = 0.8) -> float | None:
+    """The smallest difference a paired comparison's own design (its seeds, examples and variance components) finds
+    with `power` at level `alpha` (two-sided t at Satterthwaite's df: a little optimistic for the generalized
+    interval); None without components, or above 1."""
+    if not c.components:
+        return None
+    se, df = design_se(c.components, c.n_seeds, c.n_examples), design_df(c.components, c.n_seeds, c.n_examples)
+    if se == 0:
+        return 0.0
+    return next((d / 1000 for d in range(1, 1001) if power_difference(d / 1000, se, df, alpha) >= power), None)
 
 
 GPQ_DRAWS = 20_000

@@ -196,3 +196,14 @@ def test_a_true_null_is_rejected_at_most_at_its_level_at_the_holm_step(monkeypat
         d = rng.normal(0, 0.04, (s, 1)) + rng.normal(0, 0.3, (s, n))  # N x seed variance = 4 x residual
         rejected += stats.paired(d, np.zeros((s, n))).p < 0.05 / 6
     assert rejected / reps <= 0.014, rejected
+
+
+def test_a_paired_comparison_says_what_its_own_design_can_find():
+    rng = np.random.default_rng(3)
+    a, b = (rng.random((4, 500)) < 0.9).astype(float), (rng.random((4, 500)) < 0.9).astype(float)
+    c = stats.paired(a, b)
+    assert c.components == stats.crossed(a - b)[3]
+    d = stats.detectable(c, 0.05 / 6)
+    se, df = stats.design_se(c.components, 4, 500), stats.design_df(c.components, 4, 500)
+    assert stats.power_difference(d, se, df, 0.05 / 6) >= 0.8 > stats.power_difference(d - 0.001, se, df, 0.05 / 6)
+    assert stats.detectable(stats.welch([0.7, 0.72, 0.71], [0.69, 0.7, 0.68]), 0.05) is None  # no components

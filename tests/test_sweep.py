@@ -159,6 +159,7 @@ def test_report_table_and_plots(tmp_path):
     assert "| two seeds only | - |" in text
     row = json.loads((tmp_path / "out2" / "contrasts.json").read_text())[0]
     assert row["method"] == "paired-crossed" and row["n_seeds"] == 3 and row["n_examples"] == 10
+    assert set(row["components"]) == {"seed", "example", "residual"} and "finds (80%)" in text
     assert row["verdict"] in ("differs", "equivalent", "inconclusive")
     assert row["p_adj"] == pytest.approx(min(1.0, 3 * row["p"]))  # Holm's first step over a family of 3
     assert row["loglik"]["method"] == "paired-crossed" and row["loglik"]["verdict"] != "equivalent"  # no margin: never

@@ -39,6 +39,16 @@ def _contrast_keys(ok, contrast: dict) -> list:
     return keys
 
 
+def _finds(comp, alpha: float) -> str:
+    d = stats.detectable(comp, alpha)
+    return "-" if d is None else (f"{d:.3f}" if d < 1 else "> 1")
+
+
+def _components(comp) -> str:
+    c = comp.components
+    return "-" if not c else f"{c['seed']:.2g} / {c['example']:.2g} / {c['residual']:.2g}"
+
+
 def contrasts(df, g, plan: dict) -> tuple[list[dict], str]:
     """The declared contrasts with Holm across them, and their markdown table; where every contrast is paired and
     the metric is accuracy, the gold label's log-likelihood (continuous, more power) beside it, Holm across the
@@ -63,21 +73,25 @@ def contrasts(df, g, plan: dict) -> tuple[list[dict], str]:
     rows = [{"name": c["name"], **({} if comp is None else comp.as_dict()),
              **({"loglik": loglik[i].as_dict()} if i in loglik else {})} for i, (c, comp) in enumerate(found)]
     header = ["contrast", "a - b", "95% CI", "p", "Holm p", "Holm TOST p", "verdict", "method", "seeds", "examples",
+              "finds (80%)", "seed / example / residual",
               *(["gold log-lik a - b [95% CI], Holm p"] if loglik else [])]
     cells = []
     for i, (c, comp) in enumerate(found):
         if comp is None:
             cells.append([c["name"], "-", "-", "-", "-", "-", "not computable: a cell has no records, or fewer than "
-                          f"{MIN_SEEDS} seeds both cells share", "", "", "", *([""] if loglik else [])])
+                          f"{MIN_SEEDS} seeds both cells share", "", "", "", "", "", *([""] if loglik else [])])
             continue
         x = loglik.get(i)  # None where this contrast's log-likelihood comparison was not computable
         cells.append([c["name"], f"{comp.diff:+.4f}", f"[{comp.low:+.4f}, {comp.high:+.4f}]", f"{comp.p:.3g}",
                       f"{comp.p_adj:.3g}", f"{comp.p_tost_adj:.3g}", comp.word(), comp.method, comp.n_seeds, comp.n_examples or "-",
+                      _finds(comp, plan["alpha"] / len(found)), _components(comp),
                       *([f"{x.diff:+.4f} [{x.low:+.4f}, {x.high:+.4f}], {x.p_adj:.3g}"] if x is not None else [])])
     lines = [f"Declared contrasts ({plan['metric']}, margin ±{plan['margin']:g}, alpha {plan['alpha']:g}, Holm across "
              f"all {len(found)}, {len(found) - len(comps)} of them not computable). Holm runs within each kind of "
              f"claim: differs (Holm p < alpha) and equivalent (Holm TOST p < alpha: both one-sided tests reject "
              f"±margin), each with family-wise error alpha, so at most {2 * plan['alpha']:g} across both kinds. The "
-             f"95% interval shown is unadjusted.", "",
+             f"95% interval shown is unadjusted. Finds (80%): the smallest difference this contrast's own seeds, "
+             f"examples and variance components find with 80% power at alpha/{len(found)}; the components are those "
+             f"of its paired differences.", "",
              *table(header, cells)]
     return rows, "\n".join(lines) + "\n"
