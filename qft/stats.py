@@ -98,6 +98,16 @@ def welch(a, b, margin: float = 0.02) -> Comparison:
     return welch_from_summary(a.mean(), a.std(ddof=1), len(a), b.mean(), b.std(ddof=1), len(b), margin)
 
 
+def _mean_squares(d: np.ndarray) -> tuple[float, float, float]:
+    """The two-way ANOVA mean squares (seed, example, residual) of an (S >= 2 seeds x N examples) matrix."""
+    s, n = d.shape
+    mean, rows, cols = d.mean(), d.mean(1), d.mean(0)
+    ms_s = n * ((rows - mean) ** 2).sum() / (s - 1)
+    ms_i = s * ((cols - mean) ** 2).sum() / (n - 1)
+    ms_e = ((d - rows[:, None] - cols[None, :] + mean) ** 2).sum() / ((s - 1) * (n - 1))
+    return ms_s, ms_i, ms_e
+
+
 def crossed(d: np.ndarray) -> tuple[float, float, float, dict]:
     """Mean of an (S seeds x N examples) matrix of paired differences, the standard error of that mean under the
     crossed random-effects model, its Satterthwaite degrees of freedom, and the variance components (the power
@@ -110,10 +120,7 @@ def crossed(d: np.ndarray) -> tuple[float, float, float, dict]:
     if s == 1:  # one evaluation: the paired t-test over examples
         ms_i = d.var(ddof=1)
         return mean, math.sqrt(ms_i / n), n - 1, {"seed": 0.0, "example": ms_i, "residual": 0.0}
-    rows, cols = d.mean(1), d.mean(0)
-    ms_s = n * ((rows - mean) ** 2).sum() / (s - 1)
-    ms_i = s * ((cols - mean) ** 2).sum() / (n - 1)
-    ms_e = ((d - rows[:, None] - cols[None, :] + mean) ** 2).sum() / ((s - 1) * (n - 1))
+    ms_s, ms_i, ms_e = _mean_squares(d)
     # a negative component estimate is taken as zero (the larger of the two one-effect estimates), and every mean
     # square's uncertainty stays in Satterthwaite's degrees of freedom, truncated or not. Dropping the seed term's
     # df when it truncates under-covered (0.92 at 3 seeds and 1,000 examples); keeping the unbiased estimate
@@ -139,10 +146,11 @@ def paired(a: np.ndarray, b: np.ndarray, margin: float = 0.02) -> Comparison:
         a = np.repeat(a, b.shape[0], 0)
     if a.shape != b.shape:
         raise ValueError(f"paired needs the same seeds: {a.shape[0]} against {b.shape[0]}")
-    mean, se, df, comp = crossed(a - b)
+    d = a - b
+    mean, se, df, comp = crossed(d)
     if a.shape[0] == 1:
         return _finish(mean, se, df, margin, "paired-crossed", 1, a.shape[1])
-    low, high, p, p_tost = generalized(a - b, margin)
+    low, high, p, p_tost = generalized(d, margin)
     return Comparison(mean, se, df, low, high, p, p_tost, margin, "paired-crossed", a.shape[0], a.shape[1],
                       components=comp)
 
@@ -154,9 +162,7 @@ def detectable(c: Comparison, alpha: float, power: float = 0.8) -> float | None:
     if not c.components:
         return None
     se, df = design_se(c.components, c.n_seeds, c.n_examples), design_df(c.components, c.n_seeds, c.n_examples)
-    if se == 0:
-        return 0.0
-    return next((d / 1000 for d in range(1, 1001) if power_difference(d / 1000, se, df, alpha) >= power), None)
+    return smallest_difference(se, df, alpha, power)
 
 
 GPQ_DRAWS = 20_000
@@ -172,10 +178,7 @@ def generalized(d: np.ndarray, margin: float, level: float = 0.95) -> tuple[floa
     fixed stream of chi-square draws, so the same records always give the same numbers."""
     s, n = d.shape
     mean = d.mean()
-    rows, cols = d.mean(1), d.mean(0)
-    ms_s = n * ((rows - mean) ** 2).sum() / (s - 1)
-    ms_i = s * ((cols - mean) ** 2).sum() / (n - 1)
-    ms_e = ((d - rows[:, None] - cols[None, :] + mean) ** 2).sum() / ((s - 1) * (n - 1))
+    ms_s, ms_i, ms_e = _mean_squares(d)
     rng = np.random.default_rng(20261204)
     u_s, u_i = rng.chisquare(s - 1, GPQ_DRAWS), rng.chisquare(n - 1, GPQ_DRAWS)
     u_e = rng.chisquare((s - 1) * (n - 1), GPQ_DRAWS)
@@ -265,6 +268,14 @@ def power_difference(delta: float, se: float, df: float, alpha: float) -> float:
     q = st.t.ppf(1 - alpha / 2, df)
     nc = delta / se
     return float(st.nct.sf(q, df, nc) + st.nct.sf(q, df, -nc))
+
+
+def smallest_difference(se: float, df: float, alpha: float, power: float = 0.8) -> float | None:
+    """The smallest difference, on a grid of 0.001, that a two-sided t-test of this standard error and df finds with
+    `power` at level `alpha`; None above 1."""
+    if se == 0:
+        return 0.0
+    return next((d / 1000 for d in range(1, 1001) if power_difference(d / 1000, se, df, alpha) >= power), None)
 
 
 def power_equivalence(margin: float, se: float, df: float, alpha: float, true_diff: float = 0.0) -> float:

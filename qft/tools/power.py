@@ -141,7 +141,7 @@ def plan(paths, delta: float, margin: float, alpha: float, family: int, cells: i
               f"{delta:g} | seeds to show ±{margin:g} | hours (find) | hours (equivalence) |", "|---|---|---|---|---|---|---|"]
     for n in sizes:
         se3, df3 = stats.design_se(comp, 3, n), stats.design_df(comp, 3, n)
-        mdd = next((d / 1000 for d in range(1, 1001) if stats.power_difference(d / 1000, se3, df3, a) >= 0.8), None)
+        mdd = stats.smallest_difference(se3, df3, a)
         find = seeds_needed(comp, n, lambda se, df, al: stats.power_difference(delta, se, df, al), a)
         equiv = seeds_needed(comp, n, lambda se, df, al: stats.power_equivalence(margin, se, df, al), a)
 

@@ -78,9 +78,10 @@ def compare_configs(ok, key_a, key_b, margin: float = MARGIN, metric: str = "acc
     once = {k for k, rows in (("a", a), ("b", b)) if _untrained(ok, rows)}  # one deterministic evaluation
     if ea and eb:
         seeds = None if once else sorted(set(ea) & set(eb))  # trained against trained: the seeds both have
-        trained = len(seeds) if seeds is not None else max(len(ea) if "a" not in once else 0,
-                                                            len(eb) if "b" not in once else 0)
-        if trained < MIN_SEEDS and once != {"a", "b"}:
+        # the trained seeds: those both cells share, or the trained side's against an untrained cell
+        trained = len(seeds) if seeds is not None else min(
+            (len(e) for k, e in (("a", ea), ("b", eb)) if k not in once), default=MIN_SEEDS)
+        if trained < MIN_SEEDS:
             # with fewer trained seeds the crossed model cannot see training noise well enough for a verdict (one
             # seed against an untrained cell would be a paired t over examples alone: 56% coverage simulated)
             return None

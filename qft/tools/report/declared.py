@@ -66,10 +66,9 @@ def contrasts(df, g, plan: dict) -> tuple[list[dict], str]:
         loglik = {i: compare_configs(ok, *k, plan.get("loglik_margin", 0.0), "loglik") if None not in k else None
                   for i, k in enumerate(keys)}
         stats.holm(list(loglik.values()))
-        for x in loglik.values():
-            if x is not None:
-                x.alpha = plan["alpha"]
         loglik = {i: x for i, x in loglik.items() if x is not None}
+        for x in loglik.values():
+            x.alpha = plan["alpha"]
     rows = [{"name": c["name"], **({} if comp is None else comp.as_dict()),
              **({"loglik": loglik[i].as_dict()} if i in loglik else {})} for i, (c, comp) in enumerate(found)]
     header = ["contrast", "a - b", "95% CI", "p", "Holm p", "Holm TOST p", "verdict", "method", "seeds", "examples",
