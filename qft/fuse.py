@@ -3,13 +3,16 @@
 On a CPU a QLoRA step is dominated by memory-bound work around each projection (casting the fp32 input to the
 compute dtype, small matmuls for k and v under grouped-query attention). The group does that work once and splits
 the output; nothing computed changes:
-- forward: the frozen outputs are slices of one matmul over the concatenated weight, bit-identical to each
-  projection's own (`tests/test_fuse.py` checks it on this machine's matmul library); each projection's LoRA runs
+- forward: the frozen outputs are slices of one matmul over the concatenated weight; each projection's LoRA runs
   exactly as peft runs it, with its own dropout mask drawn in the same order from the same stream;
 - backward: each projection keeps its own autograd node, made when it is called, whose backward is its own
-  matmul, so autograd sums the input gradient's terms in the unfused order: gradients are bit-identical too;
-- with no dropout active and no gradient (evaluation) under autocast, the group's LoRA A matrices run as one
-  matmul too (bit-identical slices, checked as above).
+  matmul, so autograd sums the input gradient's terms in the unfused order.
+Losses, logits and gradients are then bit-identical wherever the matmul library gives a column the same bits
+inside a wider output as alone. oneDNN and MKL may choose a kernel, and so the order of each dot product's sum, by
+the output's width, the row count or the thread count; where they do, fusion moves results only by that
+reassociation (`tests/test_fuse.py` probes the premise on the machine at hand and holds the bound elsewhere).
+The LoRA A matrices stay one matmul per projection: at rank 8 the output is narrowest and the kernel choice most
+likely to change with width, and one matmul for the group saved only an input cast in evaluation.
 
 The live model keeps peft's own per-projection modules (and so stock adapters, `merge_and_unload`, the bnb LoRA
 classes): a group only replaces their `forward` with a call into itself, and steps aside whenever peft's state is
@@ -159,29 +162,11 @@ class Group:
         if not hasattr(m, "lora_A"):
             return result
         a, b = m.lora_A["default"], m.lora_B["default"]
-        middle = self._shared_a(x, i)
-        if middle is None:
-            middle = a(m.lora_dropout["default"](m._cast_input_dtype(x, a.weight.dtype)))
+        middle = a(m.lora_dropout["default"](m._cast_input_dtype(x, a.weight.dtype)))
         h = b(middle) * m.scaling["default"]
         if not torch.is_autocast_enabled(x.device.type):
             h = h.to(result.dtype)
         return (result + h).to(result.dtype)
-
-    def _shared_a(self, x: torch.Tensor, i: int) -> torch.Tensor | None:
-        """With no gradient and no active dropout, under autocast (where it saves the input's cast), the group's A
-        matrices as one matmul. In fp32 there is no cast to save, and MKL's kernel for a rank-8 output differs from
-        the one for the group's wider output in its last bit, so fp32 keeps one matmul per projection."""
-        if torch.is_grad_enabled() or not torch.is_autocast_enabled(x.device.type):
-            return None
-        mods = [m for m in self.members if hasattr(m, "lora_A")]
-        if len(mods) < 2 or len({m.lora_A["default"].weight.dtype for m in mods}) != 1 or any(
-                m.training and not isinstance(m.lora_dropout["default"], nn.Identity) for m in mods):
-            return None
-        weights = [m.lora_A["default"].weight for m in mods]
-        h = self.shared(x, "lora_A", lambda: F.linear(mods[0]._cast_input_dtype(x, weights[0].dtype),
-                                                       torch.cat(weights)))
-        lo = sum(w.shape[0] for m, w in zip(mods, weights) if self.members.index(m) < i)
-        return h[..., lo:lo + self.members[i].lora_A["default"].weight.shape[0]]
 
 
 class _CastHead:

@@ -33,6 +33,31 @@ def outputs(fused, dtype, *overrides, checkpointing=False):
     return built, loss, grads, logits
 
 
+def width_invariant(built, cdt) -> bool:
+    """The premise of bit-identity on this machine: each member's columns of its group's matmul have the bits of the
+    member's own matmul, for the row counts the tests use. oneDNN and MKL may pick a kernel (and so the order of a
+    dot product's sum) by output width, row count or threads; CI met a machine where bf16 ones differ in a last bit."""
+    g = torch.Generator().manual_seed(0)
+    for group in built.model._qft_fused:
+        w = group.weight().to(cdt)
+        for rows in range(1, 33):
+            x = torch.randn(rows, w.shape[1], generator=g).to(cdt)
+            y = torch.nn.functional.linear(x, w)
+            if any(not torch.equal(y[:, lo:hi], torch.nn.functional.linear(x, w[lo:hi])) for lo, hi in group.slices):
+                return False
+    return True
+
+
+def assert_same(got, ref, dtype, extra, exact):
+    """Bit-identical where the premise holds; elsewhere fusion may move a result by no more than the compute dtype's
+    own rounding does: in bf16, no more than bf16 moves it from fp32; in fp32, by 1e-5 of the tensor's largest value."""
+    if exact:
+        assert torch.equal(got, ref)
+        return
+    bound = (ref.float() - extra.float()).abs().max() if dtype == "bf16" else 1e-5 * ref.abs().max()
+    assert (got.float() - ref.float()).abs().max() <= bound
+
+
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 @pytest.mark.parametrize("extra,groups", [
     (["quant=nf4"], 8),
@@ -47,19 +72,23 @@ def test_fused_equals_unfused(dtype, extra, groups):
     built, loss, grads, logits = outputs("true", dtype, *extra)
     assert len(built.model._qft_fused) == groups
     assert not getattr(ref_built.model, "_qft_fused", [])
-    assert torch.equal(loss, ref_loss)  # the forward is exact: slices of one matmul equal each projection's own
-    assert torch.equal(logits, ref_logits)
     assert grads.keys() == ref_grads.keys()
+    exact = width_invariant(built, {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype])
+    wide = outputs("false", "fp32", *extra) if dtype == "bf16" and not exact else (None, None, {}, None)
+    assert_same(loss, ref_loss, dtype, wide[1], exact)  # slices of one matmul are each projection's own
+    assert_same(logits, ref_logits, dtype, wide[3], exact)
     for k in grads:  # one autograd node per projection, so the input gradient is summed in the unfused order
-        assert torch.equal(grads[k], ref_grads[k]), k
+        assert_same(grads[k], ref_grads[k], dtype, wide[2].get(k), exact)
 
 
 def test_fused_equals_unfused_under_gradient_checkpointing():
     ref = outputs("false", "bf16", "quant=nf4", checkpointing=True)
     got = outputs("true", "bf16", "quant=nf4", checkpointing=True)
-    assert torch.equal(got[1], ref[1])
+    exact = width_invariant(got[0], torch.bfloat16)
+    wide = (None, None, {}) if exact else outputs("false", "fp32", "quant=nf4", checkpointing=True)
+    assert_same(got[1], ref[1], "bf16", wide[1], exact)
     for k in ref[2]:
-        assert torch.equal(got[2][k], ref[2][k]), k
+        assert_same(got[2][k], ref[2][k], "bf16", wide[2].get(k), exact)
 
 
 def test_groups_follow_the_registry_and_keep_peft_modules():
