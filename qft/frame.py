@@ -39,7 +39,7 @@ def row(rec: dict, path: Path) -> dict:
          "acc_test": final.get("test"), "acc_val": final.get("val"), "zero_shot_test": zero.get("test"),
          "tokens_per_s": rec.get("train_tokens_per_second"), "peak_rss_bytes": (rec.get("memory") or {}).get("peak_rss_bytes"),
          "wall_seconds": rec.get("wall_seconds"), "base_bytes": (rec.get("base_bytes") or {}).get("total"),
-         "cpu_kind": (rec.get("execution") or {}).get("cpu_kind"),
+         "cpu_kind": (rec.get("execution") or {}).get("cpu_kind"), "run_kind": run_kind(rec.get("execution")),
          "qft_commit": (rec.get("execution") or {}).get("qft_source") or (rec.get("execution") or {}).get("qft_commit"),
          "has_examples": bool(rec.get("examples")) and (path.parent / rec["examples"]).is_file(),
          "val_curve": rec.get("val_curve") or None, "val_loglik_curve": rec.get("val_loglik_curve") or None}
@@ -55,6 +55,15 @@ def row(rec: dict, path: Path) -> dict:
     if r["has_examples"]:
         r.update(class_scores(read_examples(path.parent, rec).get("final.test"), (rec.get("data") or {}).get("labels")))
     return r
+
+
+def run_kind(execution: dict | None) -> str | None:
+    """What one comparison must not mix (DESIGN.md): the CPU kind or GPU, the thread count and the compute dtype;
+    None for records made before qft recorded them."""
+    if not execution:
+        return None
+    e = execution
+    return f"{e.get('cuda') or e.get('cpu_kind')}, {e.get('threads')} threads, {e.get('compute_dtype')}"
 
 
 def class_scores(t: dict | None, labels: list | None) -> dict:

@@ -197,7 +197,7 @@ def test_report_uses_the_ranks_a_budget_solved(tmp_path):
     assert df.params[0] == rec["budget_ranks"]["attn"] * 1792 + rec["budget_ranks"]["mlp"] * 2688
 
 
-def _record(folder: Path, source: str, attn_r: int, mlp_r: int, seed: int, acc: float) -> None:
+def _record(folder: Path, source: str, attn_r: int, mlp_r: int, seed: int, acc: float, execution=None) -> None:
     """A minimal ok record, as run.run writes them: the report reads only these keys."""
     folder.mkdir(parents=True)
     config = {"experiment": "unit", "seed": seed, "model": {"name": "m"}, "data": {"source": source},
@@ -206,7 +206,28 @@ def _record(folder: Path, source: str, attn_r: int, mlp_r: int, seed: int, acc: 
         "status": "ok", "config": config, "config_hash": f"{source}{attn_r}{mlp_r}{seed}", "seed": seed,
         "trainable_params": {"total": 10 * attn_r + 20 * mlp_r, "per_layer_type": {"attn": 10 * attn_r,
                                                                                   "mlp": 20 * mlp_r}},
-        "final_accuracy": {"test": acc, "val": acc}, "train_tokens_per_second": 1.0}))
+        "final_accuracy": {"test": acc, "val": acc}, "train_tokens_per_second": 1.0, "execution": execution}))
+
+
+def test_no_comparison_mixes_cpu_kinds_threads_or_compute_dtypes(tmp_path):
+    """DESIGN.md: a difference between machines is not a difference between configurations."""
+    here = {"cpu_kind": "avx512_bf16", "threads": 1, "compute_dtype": "bf16", "cuda": None}
+    for (a, m), values in {(2, 2): [0.80, 0.82, 0.84], (8, 8): [0.90, 0.91, 0.92]}.items():
+        for seed, acc in enumerate(values):
+            _record(tmp_path / "runs" / f"{a}{m}{seed}", "bbc", a, m, seed, acc, here)
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("contrasts:\n  - {name: 8 vs 2, a: {attn_r: 8, mlp_r: 8}, b: {attn_r: 2, mlp_r: 2}}\n")
+    text = report.report([tmp_path / "runs"], tmp_path / "same", plan=plan)["contrasts"].read_text()
+    assert "| differs |" in text  # 0.91 vs 0.82 over three seeds each: the control
+    for change in ({"threads": 2}, {"cpu_kind": "amx"}, {"compute_dtype": "fp32"}, None):
+        shutil.rmtree(tmp_path / "runs" / "882")
+        _record(tmp_path / "runs" / "882", "bbc", 8, 8, 2, 0.92, None if change is None else {**here, **change})
+        files = report.report([tmp_path / "runs"], tmp_path / "mixed", plan=plan)
+        text = files["contrasts"].read_text()
+        assert "| differs |" not in text and "not comparable: its records ran on " in text, change
+        assert ("not recorded" if change is None else "2 threads" if "threads" in change else "") in text
+        summary = files["summary"].read_text()
+        assert " differs |" not in summary and "no comparison mixes them" in summary
 
 
 def test_report_splits_datasets_and_says_which_differences_beat_the_noise(tmp_path):

@@ -62,7 +62,7 @@ def grouped(df, versus: dict | None = None, within: tuple = (), margin: float = 
     return out
 
 
-def _seed_rows(ok, key) -> dict:
+def seed_rows(ok, key) -> dict:
     """seed -> run_dir of one configuration's ok records; an untrained configuration as one evaluation."""
     part = ok[ok.config_key == key]
     rows = dict(zip(part.seed, part.run_dir))
@@ -73,7 +73,9 @@ def compare_configs(ok, key_a, key_b, margin: float = MARGIN, metric: str = "acc
     """Configuration a - b on test accuracy: paired over shared seeds and examples where both kept per-example
     scores, else Welch over seeds (or one-sample against an untrained cell's one evaluation); None where neither
     side has the seeds for an interval."""
-    a, b = _seed_rows(ok, key_a), _seed_rows(ok, key_b)
+    a, b = seed_rows(ok, key_a), seed_rows(ok, key_b)
+    if mixed(ok, [*a.values(), *b.values()]):
+        return None
     ea, eb = _examples(a, metric), _examples(b, metric)
     once = {k for k, rows in (("a", a), ("b", b)) if _untrained(ok, rows)}  # one deterministic evaluation
     if ea and eb:
@@ -106,6 +108,14 @@ def compare_configs(ok, key_a, key_b, margin: float = MARGIN, metric: str = "acc
     if c is not None:
         c.method += ", this test set"
     return c
+
+
+def mixed(ok, run_dirs: list) -> list[str]:
+    """The kinds of execution a comparison's records span where there is more than one (none recorded counts as
+    one more): a difference between them could be the machine's, not the configuration's."""
+    kinds = ok.set_index("run_dir").run_kind.reindex(run_dirs)
+    found = sorted({"not recorded" if k is None or k != k else str(k) for k in kinds})
+    return found if len(found) > 1 else []
 
 
 def _untrained(ok, rows: dict) -> bool:

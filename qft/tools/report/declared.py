@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from qft import stats
-from qft.tools.report.compare import MARGIN, MIN_SEEDS, compare_configs, equal
+from qft.tools.report.compare import MARGIN, MIN_SEEDS, seed_rows, compare_configs, equal, mixed
 from qft.tools.report.tables import table
 
 
@@ -77,8 +77,10 @@ def contrasts(df, g, plan: dict) -> tuple[list[dict], str]:
     cells = []
     for i, (c, comp) in enumerate(found):
         if comp is None:
-            cells.append([c["name"], "-", "-", "-", "-", "-", "not computable: a cell has no records, or fewer than "
-                          f"{MIN_SEEDS} seeds both cells share", "", "", "", "", "", *([""] if loglik else [])])
+            runs = [] if None in keys[i] else [d for k in keys[i] for d in seed_rows(ok, k).values()]
+            why = (f"not comparable: its records ran on {' and '.join(mixed(ok, runs))}" if mixed(ok, runs) else
+                   f"not computable: a cell has no records, or fewer than {MIN_SEEDS} seeds both cells share")
+            cells.append([c["name"], "-", "-", "-", "-", "-", why, "", "", "", "", "", *([""] if loglik else [])])
             continue
         x = loglik.get(i)  # None where this contrast's log-likelihood comparison was not computable
         cells.append([c["name"], f"{comp.diff:+.4f}", f"[{comp.low:+.4f}, {comp.high:+.4f}]", f"{comp.p:.3g}",

@@ -68,9 +68,10 @@ def markdown(g, df, versus: dict | None = None, within: tuple = (), margin: floa
 def _provenance(ok) -> list[str]:
     """What a reader must know before comparing: CPU kinds, commits, records without per-example scores."""
     notes = []
-    kinds = sorted({str(k) for k in ok.get("cpu_kind", []) if k})
+    kinds = sorted({str(k) if isinstance(k, str) else "not recorded" for k in ok.get("run_kind", [])})
     if len(kinds) > 1:
-        notes.append(f"- these records span CPU kinds: {', '.join(kinds)}")
+        notes.append(f"- these records span kinds of execution (CPU kind or GPU, threads, compute dtype): "
+                     f"{'; '.join(kinds)}; no comparison mixes them")
     commits = sorted({str(c)[:10] for c in ok.get("qft_commit", []) if c})
     if len(commits) > 1:
         notes.append(f"- these records span qft code versions (source digest, else commit): {', '.join(commits)}")
