@@ -136,6 +136,29 @@ def test_power_cli_on_records_without_per_example_scores():
                          text=True, timeout=120)
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
         "qft.tools.power: error: RECORDS='/no/such/folder': a folder of result records (result.json) or one record"]
+    for args, line in ((["results/rank_sweep/runs", "--simulate", "3"], "--simulate=3: records with per-example scores "
+                        "(it simulates the paired test)"), (["results/rank_sweep/runs", "--simulate", "1"],
+                                                            "--simulate=1: an integer >= 2 (seeds)")):
+        bad = subprocess.run([sys.executable, "-m", "qft.tools.power", *args], cwd=ROOT, capture_output=True, text=True,
+                             timeout=120)
+        assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [f"qft.tools.power: error: {line}"]
+
+
+def test_power_cli_simulates_the_reports_own_test_at_the_chosen_seeds():
+    from qft.tools import power
+
+    got = subprocess.run([sys.executable, "-m", "qft.tools.power", "results/rank_sweep_r8_format2/runs", "--simulate", "3",
+                          "--studies", "40", "--family", "4"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert got.returncode == 0, got.stderr
+    line = got.stdout.strip().splitlines()[-1]
+    assert line.startswith("Simulated power of the report's own test (generalized interval) to find 0.02 at 0.0125, "
+                           "3 seeds x 200 examples, 40 studies")
+    comp, _, _ = power.components(power.by_config(power.runs(["results/rank_sweep_r8_format2/runs"]), "accuracy"))
+    for scale in power.SEED_SCALES:  # the printed figures are the simulation's, with the seed component scaled
+        c = {**comp, "seed": comp["seed"] * scale}
+        assert f"seed component x{scale}: {power.simulated_power(c, 3, 200, 0.02, 0.0125, 40):.2f} (the t above: " \
+               f"{stats.power_difference(0.02, stats.design_se(c, 3, 200), stats.design_df(c, 3, 200), 0.0125):.2f})" \
+               in line
 
 
 def test_macro_f1_and_per_class_accuracy_by_hand():
@@ -196,6 +219,21 @@ def test_a_true_null_is_rejected_at_most_at_its_level_at_the_holm_step(monkeypat
         d = rng.normal(0, 0.04, (s, 1)) + rng.normal(0, 0.3, (s, n))  # N x seed variance = 4 x residual
         rejected += stats.paired(d, np.zeros((s, n))).p < 0.05 / 6
     assert rejected / reps <= 0.014, rejected
+
+
+def test_the_planners_power_is_the_power_of_the_reports_verdict(monkeypatch):
+    """The planner prices seeds with a noncentral t at Satterthwaite's df; the report decides with the generalized
+    interval. At a design where the seed term dominates (4 seeds, df 3), the difference the planner says is found half
+    the time is found by the report's test that often too (0.5 within the simulation's error; a normal in place of
+    the t would claim 0.5 at 0.060, a difference the report finds a tenth of the time)."""
+    from qft.tools import power
+
+    monkeypatch.setattr(stats, "GPQ_DRAWS", 2000)
+    s, n, alpha = 4, 200, 0.05 / 6
+    comp = {"seed": 0.04 ** 2, "example": 0.0, "residual": 0.3 ** 2}
+    se, df = stats.design_se(comp, s, n), stats.design_df(comp, s, n)
+    delta = stats.smallest_difference(se, df, alpha, power=0.5)
+    assert abs(power.simulated_power(comp, s, n, delta, alpha, 600) - 0.5) <= 0.06, delta
 
 
 def test_a_paired_comparison_says_what_its_own_design_can_find():

@@ -5,7 +5,9 @@ seeds and examples, the crossed variance components of a paired difference (seed
 and prints for several test sizes the seeds needed to find a difference of delta and to show equivalence within the
 margin, each at 80% power after a Bonferroni share of alpha for the declared family (Holm is never less powerful),
 and the wall-clock hours that implies from the records' own run times on this CPU kind. From records without them it
-can only use the seed-to-seed spread at the records' test size, and says so.
+can only use the seed-to-seed spread at the records' test size, and says so. `--simulate SEEDS` checks the chosen
+seed count against the report's own test (the generalized interval, not the t the table prices with), with the seed
+component as estimated and at 2x and 4x it, since a few seeds estimate it loosely.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from qft import record, stats
 from qft.errors import QftError, fail
 
 SIZES = (200, 500, 1000, 2000)
+SEED_SCALES = (1, 2, 4)
 MAX_SEEDS = 100
 
 
@@ -92,6 +95,20 @@ def seeds_needed(comp: dict, examples: int, want, alpha: float) -> int | None:
     return None
 
 
+def simulated_power(comp: dict, seeds: int, examples: int, delta: float, alpha: float, studies: int) -> float:
+    """Share of simulated studies in which the report's own test (stats.paired: the generalized interval) finds a true
+    difference delta at level alpha: normal seed, example and residual effects with these components (per-example
+    correctness is 0/1, so this is the large-sample picture). A fixed stream: the same inputs give the same number."""
+    rng = np.random.default_rng(20261204)
+    sd = {k: math.sqrt(comp[k]) for k in ("seed", "example", "residual")}
+    found = 0
+    for _ in range(studies):
+        d = (delta + rng.normal(0, sd["seed"], (seeds, 1)) + rng.normal(0, sd["example"], (1, examples))
+             + rng.normal(0, sd["residual"], (seeds, examples)))
+        found += stats.paired(d, np.zeros_like(d)).p < alpha
+    return found / studies
+
+
 def hours_per_run(recs, cpu_kind: str | None) -> tuple[float | None, float | None, str]:
     """Seconds of one run's training and of scoring one example, from records made on this CPU kind."""
     same = [r for _, r in recs if (r.get("execution") or {}).get("cpu_kind") == cpu_kind]
@@ -106,7 +123,7 @@ def hours_per_run(recs, cpu_kind: str | None) -> tuple[float | None, float | Non
 
 
 def plan(paths, delta: float, margin: float, alpha: float, family: int, cells: int | None, metric: str,
-         sizes=SIZES) -> str:
+         sizes=SIZES, simulate: int | None = None, studies: int = 400) -> str:
     recs = runs(paths)
     configs = by_config(recs, metric)
     cells = cells or max(len(configs), 1)
@@ -151,6 +168,19 @@ def plan(paths, delta: float, margin: float, alpha: float, family: int, cells: i
                      f"{find or f'>{MAX_SEEDS}'} | {equiv or f'>{MAX_SEEDS}'} | {hours(find)} | {hours(equiv)} |")
     lines += ["", f"Hours: cells x seeds x (training {train_s:.0f} s + scoring {per_ex:.2f} s an example), {note}; "
                   "one run at a time on this machine."]
+    if simulate:
+        if comp.get("unpaired"):
+            raise QftError("--simulate", simulate, "records with per-example scores (it simulates the paired test)")
+        n = int(n0)
+        got = []
+        for scale in SEED_SCALES:  # the seed component rests on few degrees of freedom: how much it matters
+            c = {**comp, "seed": comp["seed"] * scale}
+            se, df = stats.design_se(c, simulate, n), stats.design_df(c, simulate, n)
+            got.append(f"seed component x{scale}: {simulated_power(c, simulate, n, delta, a, studies):.2f} "
+                       f"(the t above: {stats.power_difference(delta, se, df, a):.2f})")
+        lines += ["", f"Simulated power of the report's own test (generalized interval) to find {delta:g} at {a:.3g}, "
+                      f"{simulate} seeds x {n} examples, {studies} studies (binomial SE up to "
+                      f"{0.5 / math.sqrt(studies):.3f}): " + "; ".join(got) + "."]
     return "\n".join(lines)
 
 
@@ -164,6 +194,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--cells", type=int, default=None, help="configurations the study runs (default: the records')")
     ap.add_argument("--metric", choices=("accuracy", "loglik"), default="accuracy",
                     help="per-example correctness, or the gold label's log-likelihood (continuous, more power)")
+    ap.add_argument("--simulate", type=int, default=None, metavar="SEEDS",
+                    help="also simulate the report's own test at this many seeds and the records' test size, with the "
+                         "seed component as estimated and at 2x and 4x it")
+    ap.add_argument("--studies", type=int, default=400, help="simulated studies for --simulate (default 400)")
     return ap
 
 
@@ -175,8 +209,12 @@ def main(argv=None) -> int:
                 raise QftError(key, v, "a number > 0")
         if args.family < 1:
             raise QftError("--family", args.family, "an integer >= 1")
+        if args.simulate is not None and args.simulate < 2:
+            raise QftError("--simulate", args.simulate, "an integer >= 2 (seeds)")
+        if args.studies < 1:
+            raise QftError("--studies", args.studies, "an integer >= 1")
         print(plan(args.records, args.delta, args.margin or args.delta, args.alpha, args.family, args.cells,
-                   args.metric))
+                   args.metric, simulate=args.simulate, studies=args.studies))
     except QftError as e:
         return fail("qft.tools.power", e)
     return 0
