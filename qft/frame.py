@@ -77,7 +77,7 @@ def class_scores(t: dict | None, labels: list | None) -> dict:
         n_gold, n_pred, tp = int((gold == c).sum()), int((pred == c).sum()), int(((gold == c) & (pred == c)).sum())
         if n_gold == 0:
             continue
-        out[f"acc_class_{name}"] = tp / n_gold
+        out[f"acc_class_{name}"], out[f"n_class_{name}"] = tp / n_gold, n_gold
         f1.append(2 * tp / (n_gold + n_pred))  # 2 precision recall / (precision + recall)
     out["macro_f1_test"] = float(np.mean(f1)) if f1 else None
     return out

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -148,6 +149,27 @@ def test_report_table_and_plots(tmp_path):
     assert summary.startswith("9 runs: 9 ok") and summary.count("| 2 |") == 2 and summary.count("| 3 |") == 1
     assert summary.count("| 1 | ") == 1 and "one evaluation" in summary  # the untrained cell: deterministic, once
     assert "(paired-crossed;" in summary.split("\n")[0] and "keep no per-example" not in summary  # new records: paired
+    # each class's accuracy, mean over seeds, recomputed here from the committed per-example predictions
+    from qft.record import read_examples
+
+    classes = files["classes"].read_text().splitlines()
+    labels = json.loads((runs / "a4m4s0" / "result.json").read_text())["data"]["labels"]
+    rows = {s: read_examples(runs / f"a4m4s{s}")["final.test"] for s in (0, 1, 2)}
+    gold = rows[0]["gold"]
+    seen = [c for c in range(len(labels)) if (gold == c).any()]
+    assert classes[2] == "| " + " | ".join(["adapted", "attn_r", "mlp_r", "n", *(
+        f"{labels[c]} ({int((gold == c).sum())})" for c in seen)]) + " |"
+    want = [np.mean([((r["gold"] == c) & (r["pred"] == c)).sum() / (gold == c).sum() for r in rows.values()])
+            for c in seen]
+    assert "| attn+mlp | 4 | 4 | 3 | " + " | ".join(f"{w:.3f}" for w in want) + " |" in classes
+    # seeds that differ (one training step gives the same predictions on every seed): the mean, not one seed's
+    df = pd.DataFrame({"status": "ok", "config_key": ["k"] * 3 + ["u"], "seed": [0, 1, 2, 0],
+                       "acc_class_earn": [0.5, 0.75, 1.0, 0.0], "n_class_earn": 4, "acc_class_grain": [0.0, 0.5, 0.5, 1.0],
+                       "n_class_grain": 2})
+    g = pd.DataFrame({"config_key": ["u", "k"], "adapted": ["none", "attn"], "attn_r": [0, 4], "n_seeds": [1, 3]})
+    assert report.classes_markdown(g, df).splitlines()[2:] == [
+        "| adapted | attn_r | n | earn (4) | grain (2) |", "|---|---|---|---|---|",
+        "| none | 0 | 1 | 0.000 | 1.000 |", "| attn | 4 | 3 | 0.750 | 0.333 |"]
     plan = tmp_path / "plan.yaml"
     plan.write_text("margin: 0.05\ncontrasts:\n  - {name: both at 4 vs untrained, a: {attn_r: 4, mlp_r: 4}, "
                     "b: {attn_r: 0, mlp_r: 0}}\n  - {name: missing cell, a: {attn_r: 9}, b: {attn_r: 4, mlp_r: 4}}\n"

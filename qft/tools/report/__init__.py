@@ -24,4 +24,4 @@ from qft.tools.report.views import learning_curves  # noqa: F401
 from qft.tools.report.plots import COLORS, pareto, plot_accuracy_vs_params, plot_alpha_curves, plot_bits_rank  # noqa: F401
 from qft.tools.report.plots import plot_cells, plot_heatmap, plot_learning_curves  # noqa: F401
 from qft.tools.report.summary import pd_none, report  # noqa: F401
-from qft.tools.report.tables import markdown  # noqa: F401
+from qft.tools.report.tables import classes_markdown, markdown  # noqa: F401

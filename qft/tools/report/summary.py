@@ -13,7 +13,7 @@ from qft.frame import THIRD_ALPHAS, collect
 from qft.tools.report.views import learning_curves, uneven_depth, varies
 from qft.tools.report.plots import (plot_accuracy_vs_params, plot_alpha_curves, plot_bits_rank, plot_cells, plot_heatmap,
                               plot_learning_curves)
-from qft.tools.report.tables import curves_markdown, markdown
+from qft.tools.report.tables import classes_markdown, curves_markdown, markdown
 
 
 def report(paths, out: Path | None = None, versus: dict | None = None, within: tuple = (),
@@ -58,6 +58,10 @@ def _summarise(df, out: Path, experiment: str, versus: dict | None = None, withi
     summary = markdown(g, df, versus, within)
     (out / "summary.md").write_text(summary)
     files["summary"] = out / "summary.md"
+    per_class = classes_markdown(g, df)
+    if per_class is not None:
+        (out / "classes.md").write_text(per_class)
+        files["classes"] = out / "classes.md"
     if plan is not None:
         rows, text = contrasts(df, g, plan)
         (out / "contrasts.md").write_text(text)

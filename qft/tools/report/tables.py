@@ -65,6 +65,26 @@ def markdown(g, df, versus: dict | None = None, within: tuple = (), margin: floa
     return "\n".join([head, "", *lines, *([""] + notes if notes else []), *([""] + tail if tail else [])]) + "\n"
 
 
+def classes_markdown(g, df) -> str | None:
+    """Each configuration's accuracy on each class of the test split (recall, mean over seeds): where one class is half
+    the split, a cut could cost a small class dearly and barely move accuracy. None without per-example predictions."""
+    ok = df[df.status == "ok"].drop_duplicates(["config_key", "seed"], keep="last")
+    names = [c for c in ok.columns if c.startswith("acc_class_")]
+    if not names:
+        return None
+    means = ok.groupby("config_key")[names].mean()
+    cols = ["adapted", *[c for c in AXES.values() if c in g.columns and g[c].nunique() > 1]]
+    rows = [[*(str(r[c]) if not isinstance(r[c], float) else f"{r[c]:g}" for c in cols), r.n_seeds,
+             *("" if math.isnan(means.loc[r.config_key, n]) else f"{means.loc[r.config_key, n]:.3f}" for n in names)]
+            for _, r in g.iterrows() if r.config_key in means.index]
+    head = ("Accuracy on each class of the test split (recall: the share of its documents labelled right; the class's "
+            "documents in brackets), mean over seeds; descriptive, no verdicts.")
+    support = [ok[f"n_class_{n[len('acc_class_'):]}"].dropna() for n in names]  # documents of each class
+    header = [f"{n[len('acc_class_'):]}" + (f" ({int(x.iloc[0])})" if len(x) and x.nunique() == 1 else "")
+              for n, x in zip(names, support)]
+    return "\n".join([head, "", *table(cols + ["n", *header], rows)]) + "\n"
+
+
 def _provenance(ok) -> list[str]:
     """What a reader must know before comparing: CPU kinds, commits, records without per-example scores."""
     notes = []
