@@ -4,7 +4,7 @@ import torch
 
 from qft import record, train
 from conftest import build, make_cfg
-from test_fuse import ANSWERS, PROMPTS, outputs
+from test_fuse import ANSWERS, PROMPTS, assert_same, outputs, width_invariant
 
 
 def a_inputs(*overrides) -> dict:
@@ -39,8 +39,11 @@ def test_shared_masks_hold_under_checkpointing_and_fusion():
     shared dropout as peft's own: same loss and gradients either way."""
     _, loss, grads, _ = outputs(False, "fp32", "adapter.shared_dropout=true")
     for fused, ckpt in ((False, True), (True, False), (True, True)):
-        _, l2, g2, _ = outputs(fused, "fp32", "adapter.shared_dropout=true", checkpointing=ckpt)
-        assert l2 == loss and all(torch.equal(g2[k], grads[k]) for k in grads), (fused, ckpt)
+        built, l2, g2, _ = outputs(fused, "fp32", "adapter.shared_dropout=true", checkpointing=ckpt)
+        exact = not fused or width_invariant(built, torch.float32)  # fusion's premise on this machine (test_fuse)
+        assert_same(l2, loss, "fp32", None, exact)
+        for k in grads:
+            assert_same(g2[k], grads[k], "fp32", None, exact)
     _, own, _, _ = outputs(False, "fp32")
     assert own != loss  # another model of dropout
 
