@@ -39,7 +39,8 @@ def row(rec: dict, path: Path) -> dict:
          "acc_test": final.get("test"), "acc_val": final.get("val"), "zero_shot_test": zero.get("test"),
          "tokens_per_s": rec.get("train_tokens_per_second"), "peak_rss_bytes": (rec.get("memory") or {}).get("peak_rss_bytes"),
          "wall_seconds": rec.get("wall_seconds"), "base_bytes": (rec.get("base_bytes") or {}).get("total"),
-         "cpu_kind": (rec.get("execution") or {}).get("cpu_kind"), "run_kind": run_kind(rec.get("execution")),
+         "cpu_kind": (rec.get("execution") or {}).get("cpu_kind"), "run_kind": run_kind(rec.get("execution"), rec.get("versions"),
+                                                                      rec.get("execution_history") or ()),
          "qft_commit": (rec.get("execution") or {}).get("qft_source") or (rec.get("execution") or {}).get("qft_commit"),
          "has_examples": bool(rec.get("examples")) and (path.parent / rec["examples"]).is_file(),
          "val_curve": rec.get("val_curve") or None, "val_loglik_curve": rec.get("val_loglik_curve") or None}
@@ -57,13 +58,25 @@ def row(rec: dict, path: Path) -> dict:
     return r
 
 
-def run_kind(execution: dict | None) -> str | None:
-    """What one comparison must not mix (DESIGN.md): the CPU kind or GPU, the thread count and the compute dtype;
-    None for records made before qft recorded them."""
+def run_kind(execution: dict | None, versions: dict | None = None, history=()) -> str | None:
+    """What one comparison must not mix (docs/studies.md), as one string: the GPU, or the CPU and its kind, the
+    thread count, the compute dtype, fused or unfused projections and the torch version, each where recorded (any
+    of them can move a result's last bits); a run resumed on another kind names every kind it ran on. None for
+    records made before qft recorded execution."""
     if not execution:
         return None
-    e = execution
-    return f"{e.get('cuda') or e.get('cpu_kind')}, {e.get('threads')} threads, {e.get('compute_dtype')}"
+    kinds = sorted({_kind(e, versions) for e in [execution, *history]})
+    return kinds[0] if len(kinds) == 1 else f"mixed within one run: {' + '.join(kinds)}"
+
+
+def _kind(e: dict, versions: dict | None) -> str:
+    threads = e.get("threads")
+    parts = [e.get("cuda") or " ".join(str(x) for x in (e.get("cpu"), e.get("cpu_kind")) if x),
+             f"{threads} thread{'' if threads == 1 else 's'}", str(e.get("compute_dtype"))]
+    if "fuse_projections" in e:
+        parts.append("fused" if e["fuse_projections"] else "unfused")
+    torch = e.get("torch") or (versions or {}).get("torch")
+    return ", ".join(parts + ([f"torch {torch}"] if torch else []))
 
 
 def class_scores(t: dict | None, labels: list | None) -> dict:

@@ -179,7 +179,7 @@ def execution(cfg) -> dict:
     cpu, kind = cpu_kind()
     return {**_CODE, "qft_version": versions_of(("qft",))["qft"], "cpu": cpu,
             "cpu_kind": kind, "threads": torch.get_num_threads(), "compute_dtype": cfg.quant.compute_dtype,
-            "fuse_projections": bool(cfg.train.get("fuse_projections", False)),
+            "fuse_projections": bool(cfg.train.get("fuse_projections", False)), "torch": torch.__version__,
             "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
 
 

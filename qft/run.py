@@ -60,7 +60,8 @@ def run(cfg, run_dir: Path) -> dict:
         t_load = time.time()
         built = build(cfg, source, torch.device("cpu") if stage_plan else device)  # a stage moves its own layers
         rec["load_seconds"] = time.time() - t_load
-        rec.update(_train_and_score(cfg, run_dir, config_hash, task, tokenizer, built, device, tracker, stage_plan))
+        rec.update(_train_and_score(cfg, run_dir, config_hash, task, tokenizer, built, device, tracker, stage_plan,
+                                    rec["execution"]))
     except BaseException as e:
         rec.update(status="failed", error=f"{type(e).__name__}: {e}", wall_seconds=time.time() - started)
         if not isinstance(e, QftError):
@@ -117,7 +118,7 @@ def build(cfg, source: model.Source, device: torch.device) -> Built:
 
 
 def _train_and_score(cfg, run_dir: Path, config_hash: str, task, tokenizer, built: Built, device, tracker,
-                     stage_plan: stages.Plan | None = None) -> dict:
+                     stage_plan: stages.Plan | None = None, execution: dict | None = None) -> dict:
     net = built.model
     dtype = model.compute_dtype(cfg.quant.compute_dtype, device)
 
@@ -149,7 +150,8 @@ def _train_and_score(cfg, run_dir: Path, config_hash: str, task, tokenizer, buil
             return {"status": "ok", "loss_curve": history.loss}
     elif adapted:
         history = train.train(net, task, cfg.train, run_dir, dtype, tokenizer.pad_token_id, cfg.seed, config_hash,
-                              evaluate=acc, track=tracker.metrics, offload_cfg=cfg.offload)
+                              evaluate=acc, track=tracker.metrics, offload_cfg=cfg.offload,
+                              execution=execution)
     else:  # no adapter anywhere: the untrained base is the result
         history = train.History(completed=True)
     base = net.get_base_model() if adapted else net
@@ -171,6 +173,8 @@ def _train_and_score(cfg, run_dir: Path, config_hash: str, task, tokenizer, buil
         "train_seconds": history.train_seconds,
         "device": str(device),
     }
+    if len(history.executions) > 1:  # resumed: what ran each part, so a report sees a run that spans machines
+        out["execution_history"] = history.executions
     if not history.completed:
         out.update(status="incomplete", memory=record.peak_memory(device))
         return out

@@ -80,6 +80,7 @@ class History:
     train_seconds: float = 0.0
     completed: bool = False
     step: int = 0
+    executions: list = field(default_factory=list)  # what ran each invocation that trained (one more per resume)
 
 
 def make_optimizer(cfg, params):
@@ -219,7 +220,7 @@ def finish_step(history: History, params, opt, sched, mean: float, tokens: int, 
 
 
 def train(model, task: Task, cfg, run_dir: Path, dtype: torch.dtype, pad_id: int, seed: int,
-          config_hash: str, evaluate=None, track=None, offload_cfg=None) -> History:
+          config_hash: str, evaluate=None, track=None, offload_cfg=None, execution=None) -> History:
     """Fine-tune the trainable (adapter) parameters; `evaluate(split)` (accuracy, or (accuracy, mean gold-label
     log-likelihood)) is called every `eval_every` steps
     and `track(metrics, step)` after every step."""
@@ -231,6 +232,8 @@ def train(model, task: Task, cfg, run_dir: Path, dtype: torch.dtype, pad_id: int
     ckpt = run_dir / "checkpoint"
     resumed = load_checkpoint(ckpt, model, opt, sched, config_hash, strict=cfg.resume is True) if cfg.resume else None
     history = resumed or History()
+    if execution is not None and history.step < cfg.steps:
+        history.executions.append(execution)
     split = task.splits["train"]
     n = len(split.prompts)
     model.train()

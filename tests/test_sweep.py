@@ -232,7 +232,7 @@ def _record(folder: Path, source: str, attn_r: int, mlp_r: int, seed: int, acc: 
 
 
 def test_no_comparison_mixes_cpu_kinds_threads_or_compute_dtypes(tmp_path):
-    """DESIGN.md: a difference between machines is not a difference between configurations."""
+    """docs/studies.md: a difference between machines is not a difference between configurations."""
     here = {"cpu_kind": "avx512_bf16", "threads": 1, "compute_dtype": "bf16", "cuda": None}
     for (a, m), values in {(2, 2): [0.80, 0.82, 0.84], (8, 8): [0.90, 0.91, 0.92]}.items():
         for seed, acc in enumerate(values):
@@ -251,8 +251,32 @@ def test_no_comparison_mixes_cpu_kinds_threads_or_compute_dtypes(tmp_path):
         _record(tmp_path / "runs" / "882", "bbc", 8, 8, 2, 0.92, None if change is None else {**here, **change})
         text, summary = tables()
         assert "| differs |" not in text and "not comparable: its records ran on " in text, change
-        assert ("not recorded" if change is None else "2 threads" if "threads" in change else "") in text
+        want = {None: "not recorded", "threads": "2 threads", "cpu_kind": "amx, 1 thread", "compute_dtype": "fp32"}
+        assert want[change and next(iter(change))] in text, text
         assert " differs |" not in summary and "no comparison mixes them" in summary
+        assert "| not comparable (kinds of execution differ) |" in summary
+
+
+def test_declared_contrasts_use_exactly_the_plans_seeds(tmp_path):
+    """A plan's verdicts are on its declared seeds (the amended list where there is one): a report run mid-study says
+    "not run" rather than giving a verdict on fewer, and a seed beyond the list does not enter."""
+    for (a, m), values in {(2, 2): [0.80, 0.82, 0.84, 0.99], (8, 8): [0.90, 0.91, 0.92]}.items():
+        for seed, acc in enumerate(values):
+            _record(tmp_path / "runs" / f"{a}{m}{seed}", "bbc", a, m, seed, acc)
+    df = report.collect([tmp_path / "runs"])
+    g = report.grouped(df)
+    base = {"margin": 0.02, "alpha": 0.05, "metric": "accuracy",
+            "contrasts": [{"name": "8 vs 2", "a": {"attn_r": 8, "mlp_r": 8}, "b": {"attn_r": 2, "mlp_r": 2}}]}
+    rows, text = report.contrasts(df, g, {**base, "seeds": [0, 1, 2], "seeds_amended": [0, 1, 2, 3]})
+    assert "| not run: 3 of the 4 declared seeds in both cells (missing 3) |" in text and "diff" not in rows[0]
+    rows, text = report.contrasts(df, g, {**base, "seeds": [0, 1, 2]})
+    assert rows[0]["n_seeds"] == 3 and "each on exactly the declared seeds 0, 1, 2" in text
+    assert rows[0]["diff"] == pytest.approx(0.91 - 0.82)  # seed 3's 0.99 left out
+    assert report.contrasts(df, g, base)[0][0]["diff"] == pytest.approx(0.91 - np.mean([0.80, 0.82, 0.84, 0.99]))
+    for bad in ("seeds: 3", "seeds: []", "seeds_amended: [0, x]"):
+        (tmp_path / "plan.yaml").write_text(f"contrasts: [{{name: c, a: {{attn_r: 8}}, b: {{attn_r: 2}}}}]\n{bad}\n")
+        with pytest.raises(ValueError, match="seeds"):
+            report.read_plan(tmp_path / "plan.yaml")
 
 
 def test_report_splits_datasets_and_says_which_differences_beat_the_noise(tmp_path):

@@ -72,14 +72,25 @@ RUN = ["train.steps=6", "train.batch_size=4", "train.grad_accum=2", "train.eval_
        "train.zero_shot=false", "adapter.dropout=0.1", *TINY_DATA]
 
 
-def test_resume_continues_a_killed_run_to_the_same_result(tmp_path):
+def test_resume_continues_a_killed_run_to_the_same_result(tmp_path, monkeypatch):
+    from qft.frame import run_kind
+
     straight = run.run(make_cfg(*RUN), tmp_path / "a")
     first = run.run(make_cfg(*RUN, "train.stop_after_steps=3"), tmp_path / "b")
     assert first["status"] == "incomplete" and first["steps"] == 3
     assert record.read(tmp_path / "b")["status"] == "incomplete"
+    here = record.cpu_kind()
+    monkeypatch.setattr(record, "cpu_kind", lambda: ("Another CPU", "another_kind"))  # finished on another machine
     resumed = run.run(make_cfg(*RUN, "train.resume=true"), tmp_path / "b")
     assert resumed["status"] == "ok" and resumed["config_hash"] == straight["config_hash"]
     assert resumed["loss_curve"] == straight["loss_curve"]
+    # the record names both machines, so the report cannot take the run for the finishing machine's alone
+    assert "execution_history" not in straight
+    assert [(e["cpu"], e["cpu_kind"]) for e in resumed["execution_history"]] == [here, ("Another CPU", "another_kind")]
+    kind = run_kind(resumed["execution"], resumed["versions"], resumed["execution_history"])
+    assert kind.startswith("mixed within one run: ") and "Another CPU another_kind" in kind and here[1] in kind
+    assert run_kind(straight["execution"], straight["versions"]) == run_kind(
+        straight["execution"], straight["versions"], [straight["execution"]])  # one kind: not mixed
     from safetensors.torch import load_file
     a = load_file(tmp_path / "a" / "adapter" / "adapter_model.safetensors")
     b = load_file(tmp_path / "b" / "adapter" / "adapter_model.safetensors")

@@ -25,7 +25,19 @@ def read_plan(path: Path) -> dict:
         raise ValueError(f"--plan={path}: contrasts must be a list of {{name, a, b}} with a and b as column: value maps")
     if plan.get("metric", "accuracy") not in ("accuracy", "loglik"):
         raise ValueError(f"--plan={path}: metric must be accuracy or loglik")
+    for key in ("seeds", "seeds_amended"):
+        seeds = plan.get(key)
+        if seeds is not None and (not isinstance(seeds, list) or not seeds or not all(
+                isinstance(s, int) and not isinstance(s, bool) for s in seeds)):
+            raise ValueError(f"--plan={path}: {key} must be a non-empty list of integer seeds")
     return {"metric": "accuracy", "margin": MARGIN, "alpha": 0.05, **plan}
+
+
+def declared_seeds(plan: dict) -> list | None:
+    """The seeds the plan's verdicts use (the amended list where there is one): a contrast is analysed on exactly
+    these, never on fewer, so a report run mid-study gives no early verdict."""
+    seeds = plan.get("seeds_amended", plan.get("seeds"))
+    return None if seeds is None else sorted(set(seeds))
 
 
 def _contrast_keys(ok, contrast: dict) -> list:
@@ -37,6 +49,12 @@ def _contrast_keys(ok, contrast: dict) -> list:
                   for _, r in ok.iterrows()]]
         keys.append(hit.config_key.iloc[0] if hit.config_key.nunique() == 1 else None)
     return keys
+
+
+def _missing(ok, keys: list, seeds: list) -> list:
+    """The declared seeds a contrast's trained cells do not both have."""
+    have = [set(seed_rows(ok, k)) for k in keys if not ok[ok.config_key == k].params.fillna(0).eq(0).all()]
+    return [s for s in seeds if not all(s in h for h in have)]
 
 
 def _finds(comp, alpha: float) -> str:
@@ -55,8 +73,12 @@ def contrasts(df, g, plan: dict) -> tuple[list[dict], str]:
     same family, equivalence only within a declared `loglik_margin`."""
     ok = df[df.status == "ok"]
     keys = [_contrast_keys(ok, c) for c in plan["contrasts"]]
-    found = [(c, compare_configs(ok, *k, plan["margin"], plan["metric"]) if None not in k else None)
-             for c, k in zip(plan["contrasts"], keys)]
+    seeds = declared_seeds(plan)
+    if seeds is not None:
+        ok = ok[ok.seed.isin(seeds) | ok.params.fillna(0).eq(0)]  # an untrained cell is one evaluation, any seed
+    missing = [[] if seeds is None or None in k else _missing(ok, k, seeds) for k in keys]
+    found = [(c, compare_configs(ok, *k, plan["margin"], plan["metric"]) if None not in k and not m else None)
+             for c, k, m in zip(plan["contrasts"], keys, missing)]
     stats.holm([comp for _, comp in found])  # the whole declared family, a missing contrast as p = 1
     comps = [comp for _, comp in found if comp is not None]
     for comp in comps:
@@ -78,7 +100,9 @@ def contrasts(df, g, plan: dict) -> tuple[list[dict], str]:
     for i, (c, comp) in enumerate(found):
         if comp is None:
             runs = [] if None in keys[i] else [d for k in keys[i] for d in seed_rows(ok, k).values()]
-            why = (f"not comparable: its records ran on {' and '.join(mixed(ok, runs))}" if mixed(ok, runs) else
+            why = (f"not run: {len(seeds) - len(missing[i])} of the {len(seeds)} declared seeds in both cells "
+                   f"(missing {', '.join(map(str, missing[i]))})" if missing[i] else
+                   f"not comparable: its records ran on {' and '.join(mixed(ok, runs))}" if mixed(ok, runs) else
                    f"not computable: a cell has no records, or fewer than {MIN_SEEDS} seeds both cells share")
             cells.append([c["name"], "-", "-", "-", "-", "-", why, "", "", "", "", "", *([""] if loglik else [])])
             continue
@@ -87,8 +111,9 @@ def contrasts(df, g, plan: dict) -> tuple[list[dict], str]:
                       f"{comp.p_adj:.3g}", f"{comp.p_tost_adj:.3g}", comp.word(), comp.method, comp.n_seeds, comp.n_examples or "-",
                       _finds(comp, plan["alpha"] / len(found)), _components(comp),
                       *([f"{x.diff:+.4f} [{x.low:+.4f}, {x.high:+.4f}], {x.p_adj:.3g}"] if x is not None else [])])
+    on = "" if seeds is None else f"; each on exactly the declared seeds {', '.join(map(str, seeds))}"
     lines = [f"Declared contrasts ({plan['metric']}, margin ±{plan['margin']:g}, alpha {plan['alpha']:g}, Holm across "
-             f"all {len(found)}, {len(found) - len(comps)} of them not computable). Holm runs within each kind of "
+             f"all {len(found)}, {len(found) - len(comps)} of them not computable{on}). Holm runs within each kind of "
              f"claim: differs (Holm p < alpha) and equivalent (Holm TOST p < alpha: both one-sided tests reject "
              f"±margin), each with family-wise error alpha, so at most {2 * plan['alpha']:g} across both kinds. The "
              f"95% interval shown is unadjusted. Finds (80%): the smallest difference this contrast's own seeds, "

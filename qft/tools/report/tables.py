@@ -32,6 +32,8 @@ def _vs(r, versus) -> str:
         return "reference" if versus else "best"
     if r.vs_ref < 0 or not r.vs_verdict:
         return ""
+    if r.vs_verdict == "not comparable":
+        return "not comparable (kinds of execution differ)"
     return f"{r.vs_diff:+.3f} [{r.vs_low:+.3f}, {r.vs_high:+.3f}] p_adj {r.vs_p_adj:.2g} {r.vs_verdict}"
 
 
@@ -51,7 +53,7 @@ def markdown(g, df, versus: dict | None = None, within: tuple = (), margin: floa
     lines = table(cols + ["n", "test acc", "95% CI", *(["macro-F1"] if f1 else []), name, "tokens/s"], rows)
     failed = df[df.status != "ok"]
     methods = sorted({m for m in g.vs_method if m})
-    n = int((g.vs_verdict != "").sum())
+    n = int(((g.vs_verdict != "") & (g.vs_verdict != "not comparable")).sum())
     head = (f"{len(df)} runs: {int((df.status == 'ok').sum())} ok, {len(failed)} not ok. Test accuracy: mean over seeds "
             f"with its 95% t interval (an untrained cell is one evaluation){'; macro-F1: mean over seeds' if f1 else ''}. **Exploratory**: {name} is the difference "
             f"from the {'reference' if versus else 'best'} configuration{' of its group' if within else ''}, its 95% "
@@ -73,12 +75,14 @@ def classes_markdown(g, df) -> str | None:
     if not names:
         return None
     means = ok.groupby("config_key")[names].mean()
+    seeds = ok.groupby("config_key")[names[0]].count()  # seeds with predictions behind each mean
     cols = ["adapted", *[c for c in AXES.values() if c in g.columns and g[c].nunique() > 1]]
-    rows = [[*(str(r[c]) if not isinstance(r[c], float) else f"{r[c]:g}" for c in cols), r.n_seeds,
+    rows = [[*(str(r[c]) if not isinstance(r[c], float) else f"{r[c]:g}" for c in cols), 1 if r.n_seeds == 1 else seeds[r.config_key],
              *("" if math.isnan(means.loc[r.config_key, n]) else f"{means.loc[r.config_key, n]:.3f}" for n in names)]
             for _, r in g.iterrows() if r.config_key in means.index]
     head = ("Accuracy on each class of the test split (recall: the share of its documents labelled right; the class's "
-            "documents in brackets), mean over seeds; descriptive, no verdicts.")
+            "documents in brackets), mean over the n seeds with predictions; descriptive, no verdicts: in a class of d documents "
+            "one document moves recall by 1/d (0.1 in a class of 10), so small classes move in large steps.")
     support = [ok[f"n_class_{n[len('acc_class_'):]}"].dropna() for n in names]  # documents of each class
     header = [f"{n[len('acc_class_'):]}" + (f" ({int(x.iloc[0])})" if len(x) and x.nunique() == 1 else "")
               for n, x in zip(names, support)]
@@ -90,8 +94,11 @@ def _provenance(ok) -> list[str]:
     notes = []
     kinds = sorted({str(k) if isinstance(k, str) else "not recorded" for k in ok.get("run_kind", [])})
     if len(kinds) > 1:
-        notes.append(f"- these records span kinds of execution (CPU kind or GPU, threads, compute dtype): "
+        notes.append(f"- these records span kinds of execution (GPU or CPU, threads, compute dtype, fusion, torch): "
                      f"{'; '.join(kinds)}; no comparison mixes them")
+    elif kinds == ["not recorded"] and len(ok):
+        notes.append(f"- none of these {len(ok)} records names what executed it (made before qft recorded it): their "
+                     "comparisons assume one machine, thread count and compute dtype")
     commits = sorted({str(c)[:10] for c in ok.get("qft_commit", []) if c})
     if len(commits) > 1:
         notes.append(f"- these records span qft code versions (source digest, else commit): {', '.join(commits)}")
