@@ -41,7 +41,7 @@ class _Member(torch.autograd.Function):
     def forward(ctx, x, group, i):
         ctx.group, ctx.i, ctx.x_dtype = group, i, x.dtype
         lo, hi = group.slices[i]
-        y = group.shared(x, "base", lambda: F.linear(x.to(group.dtype), group.weight(), group.bias))
+        y = group.shared(x, "base", lambda: group.frozen(x))
         return y[..., lo:hi].to(x.dtype if group.cast_back else y.dtype, memory_format=torch.contiguous_format,
                                 copy=True)
 
@@ -100,6 +100,10 @@ class Group:
         if self.kind == "stored":
             return self.storage
         return torch.cat([k.fused_weight(b, self.dtype) for k, b in zip(self.backends, self.bases)])
+
+    def frozen(self, x: torch.Tensor) -> torch.Tensor:
+        """Every member's frozen output side by side: one cast of the input, one matmul."""
+        return F.linear(x.to(self.dtype), self.weight(), self.bias)
 
     def member_weight(self, i: int) -> torch.Tensor:
         """What member i's own backward multiplies by: its stored weight, or its weight as its own backward

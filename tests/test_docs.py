@@ -3,7 +3,6 @@ blocks of README.md, benchmarks/README.md and experiments/**/*.md composes (ever
 experiment's sweeper grid), passes the run's own validation, and parses with its tool's own parser."""
 
 import itertools
-import os
 import re
 import shlex
 from pathlib import Path
@@ -13,7 +12,7 @@ from hydra import compose, initialize_config_dir
 
 from qft import config, validate
 from qft.planning import footprint
-from qft.tools import memory, power, report, simulate
+from qft.tools import power, report, simulate
 from qft.errors import QftError
 
 ROOT = Path(__file__).resolve().parent.parent

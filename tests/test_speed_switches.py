@@ -1,5 +1,7 @@
 """Every speed switch is a config key, and none changes the numbers: same loss, gradients and scores."""
 
+import zlib
+
 import pytest
 import torch
 
@@ -16,7 +18,7 @@ def loss_grads_logits(*overrides):
     with torch.no_grad():
         for n, p in net.named_parameters():
             if "lora_B" in n:
-                p.normal_(std=0.2, generator=torch.Generator().manual_seed(hash(n) % 2**31))
+                p.normal_(std=0.2, generator=torch.Generator().manual_seed(zlib.crc32(n.encode())))
     loss, n, _ = train.answer_loss(net, PROMPTS, ANSWERS, 2, torch.bfloat16)
     (loss / n).backward()
     grads = {k: p.grad.clone() for k, p in net.named_parameters() if p.requires_grad}
@@ -87,7 +89,6 @@ save_file({**{"g." + k: v for k, v in grads.items()}, "logits": logits, "loss": 
 
 def test_tuned_host_allocator_changes_no_numbers(tmp_path):
     """The allocator setting is process-wide, so each side runs in a fresh process of its own."""
-    import os
     import subprocess
     import sys
     from pathlib import Path
@@ -98,8 +99,7 @@ def test_tuned_host_allocator_changes_no_numbers(tmp_path):
     out = {}
     for setting in ("default", "tuned"):
         res = subprocess.run([sys.executable, "-c", ALLOCATOR_PROBE, setting, str(tmp_path / setting)], cwd=root,
-                             capture_output=True, text=True, timeout=300,
-                             env={**os.environ, "PYTHONHASHSEED": "0"})  # loss_grads_logits seeds by hash(name)
+                             capture_output=True, text=True, timeout=300)
         assert res.returncode == 0, res.stderr[-2000:]
         assert res.stdout.strip().splitlines()[-1] == str(setting == "tuned")  # only the tuned process changed it
         out[setting] = load_file(tmp_path / setting)
