@@ -9,8 +9,10 @@ the output; nothing computed changes:
   matmul, so autograd sums the input gradient's terms in the unfused order.
 Losses, logits and gradients are then bit-identical wherever the matmul library gives a column the same bits
 inside a wider output as alone. oneDNN and MKL may choose a kernel, and so the order of each dot product's sum, by
-the output's width, the row count or the thread count; where they do, fusion moves results only by that
-reassociation (`tests/test_fuse.py` probes the premise on the machine at hand and holds the bound elsewhere).
+the output's width, the row count or the thread count; where they do, the group's matmul differs from each
+member's own only by that reassociation (`tests/test_fuse.py` bounds it by gamma_K, and compares the rest of
+fusion bit for bit against a group that runs each member's own matmul); how far such last bits then move a
+loss has not been measured.
 The LoRA A matrices stay one matmul per projection: at rank 8 the output is narrowest and the kernel choice most
 likely to change with width, and one matmul for the group saved only an input cast in evaluation.
 
