@@ -157,8 +157,9 @@ def paired(a: np.ndarray, b: np.ndarray, margin: float = 0.02) -> Comparison:
 
 def detectable(c: Comparison, alpha: float, power: float = 0.8) -> float | None:
     """The smallest difference a paired comparison's own design (its seeds, examples and variance components) finds
-    with `power` at level `alpha` (two-sided t at Satterthwaite's df, whose power matches the generalized interval's
-    in simulation: tests/test_stats.py); None without components, or above 1."""
+    with `power` at level `alpha` (two-sided t at Satterthwaite's df, whose power was within a few points of the
+    generalized interval's, either side, in the simulations so far: tests/test_stats.py checks one point, and
+    experiments/finding1/README.md gives the others); None without components, or above 1."""
     if not c.components:
         return None
     se, df = design_se(c.components, c.n_seeds, c.n_examples), design_df(c.components, c.n_seeds, c.n_examples)
