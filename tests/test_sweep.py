@@ -185,6 +185,16 @@ def test_report_table_and_plots(tmp_path):
     assert row["verdict"] in ("differs", "equivalent", "inconclusive")
     assert row["p_adj"] == pytest.approx(min(1.0, 3 * row["p"]))  # Holm's first step over a family of 3
     assert row["loglik"]["method"] == "paired-crossed" and row["loglik"]["verdict"] != "equivalent"  # no margin: never
+    # a seed the plan declares and a cell lacks: no verdict on the secondary measure either (even where the seeds it
+    # has would be enough, as they are here with MIN_SEEDS at 2), and p = 1 in its Holm family
+    from qft.tools.report import compare
+
+    df = report.collect([runs])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(compare, "MIN_SEEDS", 2)
+        rows, _ = report.contrasts(df, report.grouped(df), {**report.read_plan(plan), "seeds": [0, 1, 2]})
+    assert "loglik" in rows[0] and rows[0]["n_seeds"] == 3  # (4, 4) against untrained: all three declared seeds
+    assert "loglik" not in rows[2] and "diff" not in rows[2]  # two seeds only: not run
     # one trained seed against the untrained cell: a paired t over examples alone cannot see training noise (56%
     # coverage simulated), so no verdict, as for trained cells under 3 seeds
     one = tmp_path / "one_seed"
@@ -273,6 +283,9 @@ def test_declared_contrasts_use_exactly_the_plans_seeds(tmp_path):
     assert rows[0]["n_seeds"] == 3 and "each on exactly the declared seeds 0, 1, 2" in text
     assert rows[0]["diff"] == pytest.approx(0.91 - 0.82)  # seed 3's 0.99 left out
     assert report.contrasts(df, g, base)[0][0]["diff"] == pytest.approx(0.91 - np.mean([0.80, 0.82, 0.84, 0.99]))
+    # a cell whose records all sit on undeclared seeds is not run, not an untrained cell
+    rows, text = report.contrasts(df, g, {**base, "seeds": [5, 6, 7]})
+    assert "| not run: 0 of the 3 declared seeds in both cells (missing 5, 6, 7) |" in text
     for bad in ("seeds: 3", "seeds: []", "seeds_amended: [0, x]"):
         (tmp_path / "plan.yaml").write_text(f"contrasts: [{{name: c, a: {{attn_r: 8}}, b: {{attn_r: 2}}}}]\n{bad}\n")
         with pytest.raises(ValueError, match="seeds"):

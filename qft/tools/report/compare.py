@@ -69,7 +69,7 @@ def seed_rows(ok, key) -> dict:
     """seed -> run_dir of one configuration's ok records; an untrained configuration as one evaluation."""
     part = ok[ok.config_key == key]
     rows = dict(zip(part.seed, part.run_dir))
-    return dict([next(iter(rows.items()))]) if part.params.fillna(0).eq(0).all() else rows
+    return dict([next(iter(rows.items()))]) if rows and part.params.fillna(0).eq(0).all() else rows
 
 
 def compare_configs(ok, key_a, key_b, margin: float = MARGIN, metric: str = "accuracy") -> "stats.Comparison | None":

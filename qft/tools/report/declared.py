@@ -51,9 +51,9 @@ def _contrast_keys(ok, contrast: dict) -> list:
     return keys
 
 
-def _missing(ok, keys: list, seeds: list) -> list:
-    """The declared seeds a contrast's trained cells do not both have."""
-    have = [set(seed_rows(ok, k)) for k in keys if not ok[ok.config_key == k].params.fillna(0).eq(0).all()]
+def _missing(ok, keys: list, seeds: list, untrained: set) -> list:
+    """The declared seeds a contrast's trained cells do not both have (all of them for a cell with none)."""
+    have = [set(ok.seed[ok.config_key == k]) for k in keys if k not in untrained]
     return [s for s in seeds if not all(s in h for h in have)]
 
 
@@ -74,9 +74,10 @@ def contrasts(df, g, plan: dict) -> tuple[list[dict], str]:
     ok = df[df.status == "ok"]
     keys = [_contrast_keys(ok, c) for c in plan["contrasts"]]
     seeds = declared_seeds(plan)
+    untrained = set(ok.config_key[ok.params.fillna(0).eq(0)])  # one evaluation: any seed stands for it
     if seeds is not None:
-        ok = ok[ok.seed.isin(seeds) | ok.params.fillna(0).eq(0)]  # an untrained cell is one evaluation, any seed
-    missing = [[] if seeds is None or None in k else _missing(ok, k, seeds) for k in keys]
+        ok = ok[ok.seed.isin(seeds) | ok.config_key.isin(untrained)]
+    missing = [[] if seeds is None or None in k else _missing(ok, k, seeds, untrained) for k in keys]
     found = [(c, compare_configs(ok, *k, plan["margin"], plan["metric"]) if None not in k and not m else None)
              for c, k, m in zip(plan["contrasts"], keys, missing)]
     stats.holm([comp for _, comp in found])  # the whole declared family, a missing contrast as p = 1
@@ -85,8 +86,8 @@ def contrasts(df, g, plan: dict) -> tuple[list[dict], str]:
         comp.alpha = plan["alpha"]
     loglik = {}
     if plan["metric"] == "accuracy" and comps and all(c.method == "paired-crossed" for c in comps):
-        loglik = {i: compare_configs(ok, *k, plan.get("loglik_margin", 0.0), "loglik") if None not in k else None
-                  for i, k in enumerate(keys)}
+        loglik = {i: compare_configs(ok, *k, plan.get("loglik_margin", 0.0), "loglik")
+                  if None not in k and not missing[i] else None for i, k in enumerate(keys)}
         stats.holm(list(loglik.values()))
         loglik = {i: x for i, x in loglik.items() if x is not None}
         for x in loglik.values():
