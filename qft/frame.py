@@ -59,9 +59,9 @@ def row(rec: dict, path: Path) -> dict:
 
 
 def run_kind(execution: dict | None, versions: dict | None = None, history=()) -> str | None:
-    """What one comparison must not mix (docs/studies.md), as one string: the GPU, or the CPU and its kind, the
-    thread count, the compute dtype, fused or unfused projections and the torch version, each where recorded (any
-    of them can move a result's last bits); a run resumed on another kind names every kind it ran on. None for
+    """What one comparison must not mix (docs/studies.md), as one string: the GPU, or the CPU (name, family/model
+    numbers where recorded) and its kind, the thread count, the compute dtype, fused or unfused projections and the
+    torch version, each where recorded (any of them can move a result's last bits); a run resumed on another kind names every kind it ran on. None for
     records made before qft recorded execution."""
     if not execution:
         return None
@@ -71,7 +71,7 @@ def run_kind(execution: dict | None, versions: dict | None = None, history=()) -
 
 def _kind(e: dict, versions: dict | None) -> str:
     threads = e.get("threads")
-    parts = [e.get("cuda") or " ".join(str(x) for x in (e.get("cpu"), e.get("cpu_kind")) if x),
+    parts = [e.get("cuda") or " ".join(str(x) for x in (e.get("cpu"), e.get("cpu_id"), e.get("cpu_kind")) if x),
              f"{threads} thread{'' if threads == 1 else 's'}", str(e.get("compute_dtype"))]
     if "fuse_projections" in e:
         parts.append("fused" if e["fuse_projections"] else "unfused")

@@ -149,6 +149,20 @@ def cpu_kind() -> tuple[str, str]:
     return cpu, next((k for k in ("amx_bf16", "avx512_bf16", "avx512f", "avx2") if k in flags), platform.machine())
 
 
+def cpu_id() -> str | None:
+    """The CPU's family, model and stepping numbers (x86 /proc/cpuinfo): a hypervisor may name every AMD EPYC
+    generation "AMD EPYC", and the numbers tell a Zen 4 from a Zen 5. None where the file does not say."""
+    try:
+        info = dict(line.split(":", 1) for line in Path("/proc/cpuinfo").read_text().split("\n\n")[0].splitlines()
+                    if ":" in line)
+    except OSError:
+        return None
+    info = {k.strip(): v.strip() for k, v in info.items()}
+    if "cpu family" not in info or "model" not in info:
+        return None
+    return f"family {info['cpu family']} model {info['model']} stepping {info.get('stepping', '?')}"
+
+
 def _code_identity() -> dict:
     """qft's commit, whether qft/ or conf/ differed from it, and a digest of the qft/ and conf/ files as this
     process read them at import: the code that runs, even when the checkout moves on during a sweep."""
@@ -177,7 +191,7 @@ def execution(cfg) -> dict:
     import torch
 
     cpu, kind = cpu_kind()
-    return {**_CODE, "qft_version": versions_of(("qft",))["qft"], "cpu": cpu,
+    return {**_CODE, "qft_version": versions_of(("qft",))["qft"], "cpu": cpu, "cpu_id": cpu_id(),
             "cpu_kind": kind, "threads": torch.get_num_threads(), "compute_dtype": cfg.quant.compute_dtype,
             "fuse_projections": bool(cfg.train.get("fuse_projections", False)), "torch": torch.__version__,
             "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None}

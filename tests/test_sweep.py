@@ -256,12 +256,14 @@ def test_no_comparison_mixes_cpu_kinds_threads_or_compute_dtypes(tmp_path):
         return report.contrasts(df, g, plan)[1], report.markdown(g, df)
 
     assert "| differs |" in tables()[0]  # 0.91 vs 0.82 over three seeds each: the control
-    for change in ({"threads": 2}, {"cpu_kind": "amx"}, {"compute_dtype": "fp32"}, None):
+    for change in ({"threads": 2}, {"cpu_kind": "amx"}, {"compute_dtype": "fp32"}, {"cpu_id": "family 26 model 2"},
+                   None):
         shutil.rmtree(tmp_path / "runs" / "882")
         _record(tmp_path / "runs" / "882", "bbc", 8, 8, 2, 0.92, None if change is None else {**here, **change})
         text, summary = tables()
         assert "| differs |" not in text and "not comparable: its records ran on " in text, change
-        want = {None: "not recorded", "threads": "2 threads", "cpu_kind": "amx, 1 thread", "compute_dtype": "fp32"}
+        want = {None: "not recorded", "threads": "2 threads", "cpu_kind": "amx, 1 thread", "compute_dtype": "fp32",
+                "cpu_id": "family 26 model 2 avx512_bf16"}
         assert want[change and next(iter(change))] in text, text
         assert " differs |" not in summary and "no comparison mixes them" in summary
         assert "| not comparable (kinds of execution differ) |" in summary
