@@ -133,31 +133,28 @@ def versions() -> dict:
             **versions_of(("torch", "transformers", "peft", "bitsandbytes", "datasets", "hydra-core"))}
 
 
+def _cpuinfo() -> dict:
+    """The first processor's fields in /proc/cpuinfo (empty where there is no such file)."""
+    try:
+        block = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
+    except OSError:
+        return {}
+    return {k.strip(): v.strip() for k, v in (line.split(":", 1) for line in block.splitlines() if ":" in line)}
+
+
 def cpu_kind() -> tuple[str, str]:
     """This machine's CPU model name and the kind that decides its fast compute dtype: amx_bf16, avx512_bf16,
     avx512f or avx2 (the first of these flags it has), else the architecture."""
-    cpu, flags = platform.processor() or platform.machine(), set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and cpu in (platform.processor(), platform.machine()):
-                cpu = line.split(":", 1)[1].strip()
-            elif line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
-    except OSError:
-        pass
+    info = _cpuinfo()
+    cpu = info.get("model name") or platform.processor() or platform.machine()
+    flags = set(info.get("flags", "").split())
     return cpu, next((k for k in ("amx_bf16", "avx512_bf16", "avx512f", "avx2") if k in flags), platform.machine())
 
 
 def cpu_id() -> str | None:
     """The CPU's family, model and stepping numbers (x86 /proc/cpuinfo): a hypervisor may name every AMD EPYC
     generation "AMD EPYC", and the numbers tell a Zen 4 from a Zen 5. None where the file does not say."""
-    try:
-        info = dict(line.split(":", 1) for line in Path("/proc/cpuinfo").read_text().split("\n\n")[0].splitlines()
-                    if ":" in line)
-    except OSError:
-        return None
-    info = {k.strip(): v.strip() for k, v in info.items()}
+    info = _cpuinfo()
     if "cpu family" not in info or "model" not in info:
         return None
     return f"family {info['cpu family']} model {info['model']} stepping {info.get('stepping', '?')}"

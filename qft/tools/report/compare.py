@@ -56,10 +56,11 @@ def grouped(df, versus: dict | None = None, within: tuple = (), margin: float = 
         out[col] = float("nan")
     out["vs_verdict"], out["vs_method"] = "", ""
     for i, c in comparisons.items():
-        runs = [d for k in (out.config_key[i], out.config_key[out.vs_ref[i]]) for d in seed_rows(ok, k).values()]
-        if c is None and mixed(ok, runs):
-            out.loc[i, "vs_verdict"] = "not comparable"  # its records ran on different kinds of execution
-        if c is not None:
+        if c is None:
+            runs = [d for k in (out.config_key[i], out.config_key[out.vs_ref[i]]) for d in seed_rows(ok, k).values()]
+            if mixed(ok, runs):
+                out.loc[i, "vs_verdict"] = "not comparable"  # its records ran on different kinds of execution
+        else:
             out.loc[i, ["vs_diff", "vs_low", "vs_high", "vs_p_adj"]] = [c.diff, c.low, c.high, c.p_adj]
             out.loc[i, ["vs_verdict", "vs_method"]] = [c.word(), c.method]
     return out
