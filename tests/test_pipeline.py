@@ -36,7 +36,9 @@ def single(tmp_path_factory):
     return qft(tmp_path_factory.mktemp("pipe"), "single")
 
 
-@pytest.mark.parametrize("stages,schedule", [(2, "1f1b"), (2, "gpipe"), (3, "gpipe"), (3, "1f1b")])
+# each schedule once and each stage role (first, middle, last) once: 2-stage GPipe, 3-stage 1F1B (the other two
+# pairs cost 28 s of the suite and reach no code these two do not)
+@pytest.mark.parametrize("stages,schedule", [(2, "gpipe"), (3, "1f1b")])
 def test_pipeline_matches_the_single_process_run(single, tmp_path, stages, schedule):
     ref, ref_adapter = single
     rec, got = qft(tmp_path, f"pipe{stages}{schedule}", "offload=pipeline", f"offload.stages={stages}",

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from qft import stats
 from qft.budget.evidence import one_dataset, read_records
 from qft.errors import QftError
 
@@ -58,6 +57,8 @@ def propose_bits(df, data: str | None = None, margin: float = 0.02) -> BitsPropo
     if len(settings) < 2 or not common:
         raise QftError("budget.bits_records", f"{len(settings)} bits settings",
                        "records of at least two bits settings on a common adapter configuration are needed")
+    from qft import stats  # here, not at the top: scipy.stats costs every `python -m qft` start a second
+
     g = bits.groupby("_b")
     t = stats.seed_summary(g).assign(base_bytes=g.base_bytes.mean()).reset_index()
     if (t.n_seeds < 2).any():

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from qft import layers as L, stats
+from qft import layers as L
 from qft.budget.costs import cost_per_rank, uniform
 from qft.budget.evidence import one_dataset, read_records
 from qft.errors import QftError
@@ -50,6 +50,8 @@ class Fit:
         return np.sqrt(np.diag(self.cov))
 
     def t95(self) -> float:
+        from qft import stats  # here: scipy.stats would cost every `python -m qft` start a second
+
         return stats.t_quantile(self.dof)
 
     def predict(self, r_attn, r_mlp) -> tuple[float, float]:
