@@ -6,7 +6,7 @@ run: $(VENV)/.installed      ## set up, then one fine-tune on the defaults (Smol
 	$(PY) -m qft
 
 test: $(VENV)/.installed     ## set up, then the test suite
-	$(PY) -m pytest -q --durations=15
+	$(PY) -m pytest -q -n auto --maxprocesses 4 --durations=15
 
 setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml scripts/setup.sh
