@@ -19,7 +19,18 @@ PAPER = ["+experiment=rank_sweep", "scale=paper"]
 
 
 def snapshot(folder: Path) -> dict:
-    return {str(p): p.stat().st_mtime_ns for p in folder.rglob("*")} if folder.exists() else {}
+    """The names in `folder` and every file's mtime under its rank_sweep* folders, the only ones this sweep could
+    write: a sweep of another experiment running beside the suite (or in another pytest-xdist worker) leaves it
+    unchanged."""
+    if not folder.exists():
+        return {}
+    got = {"names": sorted(p.name for p in folder.iterdir())}
+    for p in (p for top in folder.glob("rank_sweep*") for p in top.rglob("*")):
+        try:
+            got[str(p)] = p.stat().st_mtime_ns
+        except FileNotFoundError:  # a temporary file renamed away between listing and stat
+            pass
+    return got
 
 
 @pytest.fixture

@@ -22,8 +22,9 @@ RUN = ["model=tiny_llama", "device=cpu", "quant.compute_dtype=fp32", "adapter.dr
 
 def qft(tmp: Path, name: str, *args, stages: int = 1):
     env = {**os.environ, "QFT_PROGRESS": "0", "OMP_NUM_THREADS": "1"}
-    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(stages),
-              "--master-port", str(29500 + stages + (hash(name) % 200))] if stages > 1 else [sys.executable]
+    # --standalone: torchrun picks a free port, so pipelines in parallel pytest-xdist workers never meet
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(stages)
+              ] if stages > 1 else [sys.executable]
     res = subprocess.run([*launch, "-m", "qft", *RUN, *args, f"hydra.run.dir={tmp / name}"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]

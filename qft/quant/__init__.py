@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import tempfile
 from collections import defaultdict
 from pathlib import Path
 
@@ -122,9 +123,14 @@ def _atomic_save(tensors: dict, path: Path) -> None:
     from safetensors.torch import save_file
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    save_file(tensors, str(tmp))
-    os.replace(tmp, path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # unique across hosts sharing the cache
+    os.close(fd)
+    try:
+        save_file(tensors, tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
 
 
 def cache_file(cfg, layers: list[L.Layer], fingerprint: str, device: torch.device, cache_dir) -> Path:
