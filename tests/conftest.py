@@ -1,19 +1,18 @@
 import os
 from pathlib import Path
 
-# `make test` spreads the suite over pytest-xdist workers, one per core: each computes on one thread (its runs'
-# subprocesses too), since two workers each spinning two OpenMP threads on two cores slow each other down
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 from hydra import compose, initialize_config_dir
 
 from qft import model, run
 from qft.config import CONF
 
+# `make test` spreads the suite over pytest-xdist workers, one per core: each computes on one thread (its runs'
+# subprocesses too, through the environment), since two workers each spinning two OpenMP threads on two cores slow
+# each other down
 if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 CACHE = os.environ.setdefault("QFT_CACHE", str(Path("~/.cache/qft").expanduser()))
 os.environ.setdefault("QFT_PROGRESS", "0")
