@@ -16,13 +16,13 @@ import json
 import os
 import random
 import sys
-import tempfile
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from qft import atomic
 from qft.errors import QftError, integer, one_of
 
 SPLITS = ("train", "val", "test")
@@ -426,11 +426,11 @@ def _save_cache(path: Path, splits: dict[str, Split]) -> None:
         arrays[f"{name}.answers"], arrays[f"{name}.answer_offsets"] = _flat(s.answers)
         arrays[f"{name}.labels"] = np.asarray(s.labels, dtype=np.int64)
         arrays[f"{name}.texts"] = np.asarray(s.texts, dtype=np.str_)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".npz")
-    with os.fdopen(fd, "wb") as f:
-        np.savez(f, **arrays)
-    os.replace(tmp, path)  # atomic, so concurrent sweep jobs never read a half-written cache
+    def fill(tmp):
+        with open(tmp, "wb") as f:  # a file object, so numpy adds no ".npz" to the temp name
+            np.savez(f, **arrays)
+
+    atomic.write(path, fill)  # concurrent sweep jobs never read a half-written cache
 
 
 def _load_cache(path: Path) -> dict[str, Split] | None:

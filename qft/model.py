@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from qft import atomic
 from qft.errors import QftError
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -75,7 +76,7 @@ def _file_hash(path: Path, cache_dir: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 22), b""):
             h.update(chunk)
     memo.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write_text(memo, h.hexdigest())
+    atomic.write(memo, lambda tmp: Path(tmp).write_text(h.hexdigest()))
     return h.hexdigest()
 
 
@@ -89,13 +90,6 @@ def content_digest(path: Path, cache_dir: Path) -> str | None:
     for f in sorted(p for p in path.rglob("*") if p.is_file()):
         h.update(f"{f.relative_to(path)}:{_file_hash(f, cache_dir)}\n".encode())
     return h.hexdigest()
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 def _packaged_gguf(package: str, file: str) -> Path:

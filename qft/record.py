@@ -14,14 +14,13 @@ import os
 import platform
 import resource
 import subprocess
-import tempfile
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import numpy as np
 from omegaconf import OmegaConf
 
-from qft import data, model
+from qft import atomic, data, model
 
 RECORD = "result.json"
 SCHEMA = 2
@@ -204,11 +203,11 @@ def write_examples(run_dir: Path, examples: dict, label_words: list) -> str | No
         return None
     arrays = {f"{phase}.{k}": v for phase, cols in examples.items() for k, v in cols.items()}
     arrays["label_words"] = np.asarray(label_words, dtype=np.str_)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=run_dir, prefix=".tmp-", suffix=".npz")
-    with os.fdopen(fd, "wb") as f:
-        np.savez_compressed(f, **arrays)
-    os.replace(tmp, run_dir / EXAMPLES)
+    def fill(tmp):
+        with open(tmp, "wb") as f:  # a file object, so numpy adds no ".npz" to the temp name
+            np.savez_compressed(f, **arrays)
+
+    atomic.write(run_dir / EXAMPLES, fill)
     return EXAMPLES
 
 
@@ -274,13 +273,7 @@ def flatten(d: dict, prefix: str = "") -> dict:
 
 
 def write(run_dir: Path, record: dict) -> Path:
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path = run_dir / RECORD
-    fd, tmp = tempfile.mkstemp(dir=run_dir, prefix=".tmp-", suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        json.dump(record, f, indent=1)
-    os.replace(tmp, path)
-    return path
+    return atomic.write(run_dir / RECORD, lambda tmp: Path(tmp).write_text(json.dumps(record, indent=1)))
 
 
 def read(run_dir: Path) -> dict | None:

@@ -11,7 +11,6 @@ import json
 import math
 import os
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +21,7 @@ from tqdm.auto import tqdm
 
 from qft.data import Task, batch
 from qft.errors import QftError, boolean, integer, number, one_of
-from qft import offload
+from qft import atomic, offload
 from qft.model import autocast, device_of
 
 OPTIMIZERS = ("adamw", "adamw8bit", "paged_adamw8bit")
@@ -130,13 +129,6 @@ def answer_loss(model, prompts, answers, pad_id: int, dtype: torch.dtype):
 
 # --------------------------------------------------------------------------- checkpoints
 
-def _atomic(path: Path, write) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-    os.close(fd)
-    write(tmp)
-    os.replace(tmp, path)
-
-
 def save_checkpoint(folder: Path, model, opt, sched, history: History, config_hash: str) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     step = history.step
@@ -151,11 +143,11 @@ def save_checkpoint(folder: Path, model, opt, sched, history: History, config_ha
                 tensors[f"state.{i}.{k}"] = v.detach().cpu().contiguous()
             else:
                 scalars[f"{i}.{k}"] = v
-    _atomic(folder / f"trainable-{step}.safetensors", lambda p: save_file(trainable, p))
-    _atomic(folder / f"optimizer-{step}.safetensors", lambda p: save_file(tensors, p))
+    atomic.write(folder / f"trainable-{step}.safetensors", lambda p: save_file(trainable, p))
+    atomic.write(folder / f"optimizer-{step}.safetensors", lambda p: save_file(tensors, p))
     meta = {"step": step, "config_hash": config_hash, "param_groups": state["param_groups"], "scalars": scalars,
             "scheduler": sched.state_dict(), "history": history.__dict__}
-    _atomic(folder / "meta.json", lambda p: Path(p).write_text(json.dumps(meta)))
+    atomic.write(folder / "meta.json", lambda p: Path(p).write_text(json.dumps(meta)))
     for old in folder.glob("*-*.safetensors"):  # meta.json now points at this step
         if not old.stem.endswith(f"-{step}"):
             old.unlink(missing_ok=True)

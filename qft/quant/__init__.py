@@ -9,15 +9,13 @@ one file each in this package; every module of the package is imported with it, 
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
 from collections import defaultdict
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from qft import layers as L
+from qft import atomic, layers as L
 from qft.errors import QftError, boolean, number, one_of
 from qft.model import COMPUTE_DTYPES, compute_dtype as dtype_of
 from qft.quant import bnb4, dense, int8  # noqa: F401  (the built-in backends register themselves)
@@ -112,25 +110,17 @@ def quantize(model: nn.Module, cfg, layers: list[L.Layer], device: torch.device,
     if after is not None:
         torch.set_rng_state(after)
     elif cache is not None:
-        _atomic_save({"rng": torch.get_rng_state()}, rng_file)
+        _save(rng_file, {"rng": torch.get_rng_state()})
     if keep:
-        _atomic_save(keep, cache)
+        _save(cache, keep)
     return settings
 
 
-def _atomic_save(tensors: dict, path: Path) -> None:
-    """Temp file + rename: parallel sweep jobs may fill the same entry."""
+def _save(path: Path, tensors: dict) -> None:
+    """Whole or not at all: parallel sweep jobs may fill the same entry."""
     from safetensors.torch import save_file
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # unique across hosts sharing the cache
-    os.close(fd)
-    try:
-        save_file(tensors, tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    atomic.write(path, lambda tmp: save_file(tensors, tmp))
 
 
 def cache_file(cfg, layers: list[L.Layer], fingerprint: str, device: torch.device, cache_dir) -> Path:
