@@ -152,8 +152,8 @@ def plan(paths, delta: float, margin: float, alpha: float, family: int, cells: i
     else:
         comp, s0, n0 = comp
         lines.append(f"paired variance components of a difference, from {s0} seeds x {n0} examples: seed "
-                     f"{comp['seed']:.3g}, example {comp['example']:.3g}, residual {comp['residual']:.3g} (per-run SE "
-                     f"at the pilot's size: {stats.design_se(comp, s0, n0):.4f})")
+                     f"{comp['seed']:.3g}, example {comp['example']:.3g}, residual {comp['residual']:.3g} (SE of the "
+                     f"paired mean difference at the pilot's size: {stats.design_se(comp, s0, n0):.4f})")
     lines += ["", "| test examples | SE at 3 seeds | smallest difference 3 seeds find (80%) | seeds to find "
               f"{delta:g} | seeds to show ±{margin:g} | hours (find) | hours (equivalence) |", "|---|---|---|---|---|---|---|"]
     for n in sizes:
