@@ -79,8 +79,9 @@ def test_gradients_through_quantized_base_match_dequantized_reference(preset, na
     ar, br = a.detach().clone().requires_grad_(True), b.detach().clone().requires_grad_(True)
     ref_out = xr @ w.t() + s * (xr @ ar.t()) @ br.t()
     ((ref_out - target) ** 2).sum().backward()
-    # bitsandbytes' CPU int8 path multiplies by the dequantized weight (measured: 6e-8 from this reference); its
-    # CUDA path, LLM.int8, also quantizes the activations, which scripts/gpu_check.sh checks on a GPU
+    # bitsandbytes' CPU int8 path in training mode multiplies by the dequantized weight (measured: 6e-8 from this
+    # reference); in eval mode, and on CUDA, LLM.int8 also quantizes the activations (the test below; on a GPU,
+    # scripts/gpu_check.sh)
     tol = 1e-4
     for g, r in zip(got, (xr.grad, ar.grad, br.grad)):
         assert torch.allclose(g, r, rtol=tol, atol=tol * r.abs().max().item()), (g - r).abs().max()
@@ -103,3 +104,36 @@ def test_auto_compute_dtype_follows_the_cpus_bf16_units(monkeypatch, flags, want
     run._name_auto_dtype(cfg)  # what the record and its hash carry
     assert cfg.quant.compute_dtype == want
     assert record.cpu_kind() == ("Test CPU", kind)
+
+
+def test_int8_on_cpu_trains_on_the_dequantized_weight_and_scores_with_llm_int8(caplog):
+    """A stack fact the int8 studies rest on (bitsandbytes 0.50 on CPU): in training mode Linear8bitLt multiplies by
+    the dequantized weight (MatMul8bitFp: int8 weights, full-precision activations); in eval mode it runs LLM.int8
+    proper (MatMul8bitLt: fp16 activations quantized to int8 per row, outlier columns over the threshold kept in
+    fp16). So on CPU an int8 base is trained through one matmul and scored through another. bitsandbytes logs its
+    fp16 cast at every eval matmul; qft passes each distinct message once."""
+    import logging
+
+    from qft.quant import int8
+
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(256, 64)
+    q = int8.Int8().quantize(linear, {"threshold": 6.0}, torch.float32, "cpu")
+    x = torch.randn(8, 256)
+    x[:, 3] *= 20  # one outlier column, over the threshold
+    w = q.weight.data.float() * q.weight.SCB.float()[:, None] / 127
+    reference = x @ w.t() + q.bias
+
+    q.train()
+    assert torch.allclose(q(x), reference, atol=1e-4)
+
+    for f in int8.CAST_LOG.filters:
+        f.seen.clear()
+    q.eval()
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger=int8.CAST_LOG.name):
+        scored = [q(x) for _ in range(3)]
+    err = (scored[0].float() - reference).abs().max().item()
+    assert 1e-3 < err < 0.05 * reference.abs().max().item()  # activation quantization: not the training matmul
+    assert torch.equal(scored[0], scored[2])
+    assert [r.getMessage() for r in caplog.records if "cast" in r.getMessage()] == \
+        ["MatMul8bitLt: inputs will be cast from torch.float32 to float16 during quantization"]

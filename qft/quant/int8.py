@@ -2,10 +2,32 @@
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch import nn
 
 from qft.quant.registry import Backend, register
+
+
+class _Once(logging.Filter):
+    """bitsandbytes logs "inputs will be cast ... to float16" at every LLM.int8 matmul of an evaluation (about 50,000
+    lines, 8 MB, a scoring pass of a 135M model); each distinct message once is the same news."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = set()
+
+    def filter(self, record):
+        key = record.getMessage()
+        if key in self.seen:
+            return False
+        self.seen.add(key)
+        return True
+
+
+CAST_LOG = logging.getLogger("bitsandbytes.autograd._functions")
+CAST_LOG.addFilter(_Once())
 
 
 class Int8(Backend):
