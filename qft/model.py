@@ -75,7 +75,6 @@ def _file_hash(path: Path, cache_dir: Path) -> str:
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 22), b""):
             h.update(chunk)
-    memo.parent.mkdir(parents=True, exist_ok=True)
     atomic.write(memo, lambda tmp: Path(tmp).write_text(h.hexdigest()))
     return h.hexdigest()
 
