@@ -18,11 +18,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 from scipy import stats as st
 from scipy.optimize import brentq
 from scipy.special import ndtr
+
+if TYPE_CHECKING:  # pandas is imported where a frame is built, not with every verdict
+    import pandas as pd
 
 VERDICTS = ("differs", "equivalent", "inconclusive")
 
@@ -305,7 +309,7 @@ def versus_constant(a, c: float, margin: float = 0.02) -> Comparison:
                    len(a))
 
 
-def seed_summary(g) -> "pd.DataFrame":
+def seed_summary(g) -> pd.DataFrame:
     """Test accuracy per group of a pandas groupby over records: number of seeds, mean and standard deviation."""
     import pandas as pd
 
