@@ -14,10 +14,11 @@ os.umask(_UMASK)
 def write(path: str | Path, fill) -> Path:
     """`fill(tmp)` writes the content to the temp path `tmp`, which replaces `path` only once `fill` has returned.
     The temp file sits beside `path` (one file system, so the rename is atomic; mkstemp's name is unique across hosts
-    sharing the folder) and is removed if `fill` fails."""
+    sharing the folder) and is removed if `fill` fails. It ends in `path`'s suffix, so writers that add one to a
+    name without it (numpy's savez) write to `tmp` itself."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
     os.close(fd)
     try:
         fill(tmp)

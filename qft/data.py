@@ -426,11 +426,7 @@ def _save_cache(path: Path, splits: dict[str, Split]) -> None:
         arrays[f"{name}.answers"], arrays[f"{name}.answer_offsets"] = _flat(s.answers)
         arrays[f"{name}.labels"] = np.asarray(s.labels, dtype=np.int64)
         arrays[f"{name}.texts"] = np.asarray(s.texts, dtype=np.str_)
-    def fill(tmp):
-        with open(tmp, "wb") as f:  # a file object, so numpy adds no ".npz" to the temp name
-            np.savez(f, **arrays)
-
-    atomic.write(path, fill)  # concurrent sweep jobs never read a half-written cache
+    atomic.write(path, lambda tmp: np.savez(tmp, **arrays))  # concurrent sweep jobs never read a half-written cache
 
 
 def _load_cache(path: Path) -> dict[str, Split] | None:

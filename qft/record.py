@@ -203,11 +203,7 @@ def write_examples(run_dir: Path, examples: dict, label_words: list) -> str | No
         return None
     arrays = {f"{phase}.{k}": v for phase, cols in examples.items() for k, v in cols.items()}
     arrays["label_words"] = np.asarray(label_words, dtype=np.str_)
-    def fill(tmp):
-        with open(tmp, "wb") as f:  # a file object, so numpy adds no ".npz" to the temp name
-            np.savez_compressed(f, **arrays)
-
-    atomic.write(run_dir / EXAMPLES, fill)
+    atomic.write(run_dir / EXAMPLES, lambda tmp: np.savez_compressed(tmp, **arrays))
     return EXAMPLES
 
 

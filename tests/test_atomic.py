@@ -4,6 +4,7 @@ previous file, and no temp file behind, and every writer goes through the one he
 import ast
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from qft import atomic
@@ -37,7 +38,14 @@ def test_the_temp_file_sits_beside_the_target(tmp_path):
     """Same folder, so the rename never crosses file systems; a hidden name a glob for results skips."""
     seen = []
     atomic.write(tmp_path / "a.npz", lambda tmp: seen.append(Path(tmp)) or Path(tmp).write_bytes(b"x"))
-    assert seen[0].parent == tmp_path and seen[0].name.startswith(".a.npz.")
+    assert seen[0].parent == tmp_path and seen[0].name.startswith(".a.npz.") and seen[0].suffix == ".npz"
+
+
+def test_numpy_writes_to_the_temp_file_itself(tmp_path):
+    """numpy's savez adds ".npz" to a name without it; the temp name keeps the suffix, so nothing is left beside."""
+    atomic.write(tmp_path / "scores.npz", lambda tmp: np.savez(tmp, x=np.arange(3)))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["scores.npz"]
+    assert np.load(tmp_path / "scores.npz")["x"].tolist() == [0, 1, 2]
 
 
 def test_no_module_writes_through_its_own_temp_file_and_rename():
