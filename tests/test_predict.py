@@ -1,6 +1,8 @@
 """qft.tools.predict scores new texts with a run's adapter exactly as the run scored its own test split."""
 import csv
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 from qft import data, record, run
@@ -50,3 +52,28 @@ def test_bad_input_is_one_line_and_status_2(tmp_path, capsys, args, key):
     assert predict.main(filled) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"qft.tools.predict: error: {key}=")
+
+
+def test_int8_rescoring_reproduces_the_record_and_scores_through_the_training_matmul(tmp_path, capsys):
+    """experiments/finding3/int8_scoring.py: its "scoring" path is the run's own scoring (equal log-likelihoods), its
+    "training" path is the dequantized-weight matmul (other log-likelihoods), and a run without int8 is bad input."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "int8_scoring", Path(__file__).resolve().parent.parent / "experiments" / "finding3" / "int8_scoring.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    over = dataset(tmp_path / "reviews.csv")
+    common = ["train.steps=2", "train.batch_size=8", "train.zero_shot=false", "train.eval_every=0",
+              "train.checkpoint_every=0"]
+    run.run(make_cfg(*over, *common, "quant=int8"), tmp_path / "int8")
+    ex = record.read_examples(tmp_path / "int8")["final.test"]
+    assert script.rescore(tmp_path / "int8", "scoring")["loglik"] == pytest.approx(ex["loglik"], abs=1e-5)
+    assert not np.allclose(script.rescore(tmp_path / "int8", "training")["loglik"], ex["loglik"], atol=1e-5)
+    assert script.main([str(tmp_path / "int8")]) == 0
+    assert f"n {len(ex['id'])}, accuracy as recorded (LLM.int8) {ex['correct'].mean():.4f}" in capsys.readouterr().out
+
+    run.run(make_cfg(*over, *common), tmp_path / "nf4")
+    assert script.main([str(tmp_path / "nf4")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("int8_scoring: error: RUN_DIR=") and "no int8 layer" in err[0]
