@@ -70,8 +70,10 @@ def test_int8_rescoring_reproduces_the_record_and_scores_through_the_training_ma
     ex = record.read_examples(tmp_path / "int8")["final.test"]
     assert script.rescore(tmp_path / "int8", "scoring")["loglik"] == pytest.approx(ex["loglik"], abs=1e-5)
     assert not np.allclose(script.rescore(tmp_path / "int8", "training")["loglik"], ex["loglik"], atol=1e-5)
-    assert script.main([str(tmp_path / "int8")]) == 0
-    assert f"n {len(ex['id'])}, accuracy as recorded (LLM.int8) {ex['correct'].mean():.4f}" in capsys.readouterr().out
+    assert script.main(["--check", str(tmp_path / "int8")]) == 0
+    out = capsys.readouterr().out
+    assert f"n {len(ex['id'])}, accuracy as recorded (LLM.int8) {ex['correct'].mean():.4f}" in out
+    assert float(out.split("from the record is ")[1].split()[0]) < 1e-5
 
     run.run(make_cfg(*over, *common), tmp_path / "nf4")
     assert script.main([str(tmp_path / "nf4")]) == 2

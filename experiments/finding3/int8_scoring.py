@@ -2,10 +2,12 @@
 scores it through LLM.int8 (docs/architecture.md), so an int8 run is scored through a matmul it was not trained
 with. This re-scores a run's test split through the training matmul and sets it beside the record's own scores.
 
-    python experiments/finding3/int8_scoring.py RUN_DIR [RUN_DIR ...]
+    python experiments/finding3/int8_scoring.py [--check] RUN_DIR [RUN_DIR ...]
 
 One line per run: the test accuracy as recorded (LLM.int8) and through the training matmul, their difference, how
-many predictions change, and the largest change of a label log-likelihood. No verdict rests on it.
+many predictions change, and the largest change of a label log-likelihood. `--check` first re-scores through LLM.int8
+as the run did and prints how far that lands from the record (the rebuilt model is the one the run scored). No verdict
+rests on it.
 """
 
 from __future__ import annotations
@@ -41,29 +43,37 @@ def rescore(run_dir: Path, matmul: str) -> dict:
                           model.compute_dtype(cfg.quant.compute_dtype, device))["examples"]
 
 
-def compare(run_dir: Path) -> dict:
+def compare(run_dir: Path, check: bool = False) -> dict:
     rec = record.read(run_dir) or {}
     recorded = (record.read_examples(run_dir, rec) or {}).get("final.test")
     if recorded is None:
         raise QftError("RUN_DIR", str(run_dir), "keeps no per-example test scores (examples.npz)")
+    rebuilt = rescore(run_dir, "scoring") if check else None
     trained = rescore(run_dir, "training")
     if not np.array_equal(trained["id"], recorded["id"]):
         raise QftError("RUN_DIR", str(run_dir), "its test split as rebuilt here differs from the one it recorded")
     return {"n": len(recorded["id"]), "recorded": float(recorded["correct"].mean()),
             "training": float(trained["correct"].mean()),
             "changed": int((trained["pred"] != recorded["pred"]).sum()),
-            "max_loglik_change": float(np.abs(trained["loglik"] - recorded["loglik"]).max())}
+            "max_loglik_change": float(np.abs(trained["loglik"] - recorded["loglik"]).max()),
+            "rebuilt_max_loglik_change": None if rebuilt is None else
+            float(np.abs(rebuilt["loglik"] - recorded["loglik"]).max())}
 
 
 def main(argv=None) -> int:
     runs = list(sys.argv[1:] if argv is None else argv)
+    check = "--check" in runs
+    runs = [r for r in runs if r != "--check"]
     if not runs:
         print(__doc__.split("\n\n")[1].strip(), file=sys.stderr)
         return 2
     try:
         for r in runs:
             with torch.no_grad():
-                c = compare(Path(r))
+                c = compare(Path(r), check)
+            if check:
+                print(f"{r}: re-scored through LLM.int8 as the run did, the largest log-likelihood change from the "
+                      f"record is {c['rebuilt_max_loglik_change']:.2e}")
             print(f"{r}: n {c['n']}, accuracy as recorded (LLM.int8) {c['recorded']:.4f}, through the training "
                   f"matmul {c['training']:.4f} ({c['training'] - c['recorded']:+.4f}); {c['changed']} predictions "
                   f"change; largest log-likelihood change {c['max_loglik_change']:.3f}")
