@@ -247,19 +247,23 @@ def test_a_paired_comparison_says_what_its_own_design_can_find():
     assert stats.detectable(stats.welch([0.7, 0.72, 0.71], [0.69, 0.7, 0.68]), 0.05) is None  # no components
 
 
-def test_the_equivalence_test_holds_its_level_at_the_margin(monkeypatch):
+@pytest.mark.parametrize("seed_var,example_var,residual", [(7e-5, 0.0, 0.02), (2.4e-4, 1.5e-3, 0.028)],
+                         ids=["finding1-contrast1", "finding3-int8"])
+def test_the_equivalence_test_holds_its_level_at_the_margin(monkeypatch, seed_var, example_var, residual):
     """An "equivalent" verdict is a TOST rejection: where the true difference sits exactly on the margin (half the
     studies at +0.02, half at -0.02, so each one-sided test is tried), it must be reached 5% of the time at alpha 0.05,
-    not more (a claim stronger than its data) and not much less (a test too weak to ever say equivalent). The design is
-    finding 1's contrast 1 as measured: 5 seeds, seed component 7e-05, residual 0.02. 3,000 studies: binomial SE 0.004,
-    so the band is +-3 SE; a TOST p halved or scaled by 0.7 gives 0.10 or 0.07 here, one from a single tail rejects
-    every study on the other side, one at alpha/2 gives 0.025."""
+    not more (a claim stronger than its data) and not much less (a test too weak to ever say equivalent). The designs
+    are two "equivalent" verdicts' variance components as measured, 5 seeds each: finding 1's contrast 1 (seed 7e-05,
+    residual 0.02) and finding 3's int8 contrast (seed 2.4e-04, example 1.5e-03, residual 0.028). 3,000 studies:
+    binomial SE 0.004, so the band is +-3 SE; a TOST p halved or scaled by 0.7 gives 0.10 or 0.07 here, one from a
+    single tail rejects every study on the other side, one at alpha/2 gives 0.025."""
     monkeypatch.setattr(stats, "GPQ_DRAWS", 2000)
     rng = np.random.default_rng(17)
     s, n, reps, margin = 5, 1000, 3000, 0.02
     said = 0
     for i in range(reps):
         truth = margin if i % 2 else -margin
-        d = truth + rng.normal(0, 7e-5 ** 0.5, (s, 1)) + rng.normal(0, 0.02 ** 0.5, (s, n))
+        d = (truth + rng.normal(0, seed_var ** 0.5, (s, 1)) + rng.normal(0, example_var ** 0.5, (1, n))
+             + rng.normal(0, residual ** 0.5, (s, n)))
         said += stats.paired(d, np.zeros((s, n)), margin=margin).p_tost < 0.05
     assert 0.038 <= said / reps <= 0.062, said
