@@ -12,6 +12,7 @@ rests on it.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -61,17 +62,15 @@ def compare(run_dir: Path, check: bool = False) -> dict:
 
 
 def main(argv=None) -> int:
-    runs = list(sys.argv[1:] if argv is None else argv)
-    check = "--check" in runs
-    runs = [r for r in runs if r != "--check"]
-    if not runs:
-        print(__doc__.split("\n\n")[1].strip(), file=sys.stderr)
-        return 2
+    ap = argparse.ArgumentParser(prog="int8_scoring.py", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--check", action="store_true", help="re-score through LLM.int8 first, against the record")
+    ap.add_argument("runs", nargs="+", metavar="RUN_DIR", help="a finished run of python -m qft with an int8 base")
+    args = ap.parse_args(argv)
     try:
-        for r in runs:
+        for r in args.runs:
             with torch.no_grad():
-                c = compare(Path(r), check)
-            if check:
+                c = compare(Path(r), args.check)
+            if args.check:
                 print(f"{r}: re-scored through LLM.int8 as the run did, the largest log-likelihood change from the "
                       f"record is {c['rebuilt_max_loglik_change']:.2e}")
             print(f"{r}: n {c['n']}, accuracy as recorded (LLM.int8) {c['recorded']:.4f}, through the training "
