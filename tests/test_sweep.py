@@ -318,6 +318,7 @@ def test_report_splits_datasets_and_says_which_differences_beat_the_noise(tmp_pa
     assert g.vs_diff[0] == pytest.approx(-0.09) and (g.vs_low[0], g.vs_high[0]) == pytest.approx((ci.low, ci.high))
 
 
+@pytest.mark.filterwarnings("ignore:Precision loss occurred:RuntimeWarning")  # scipy's reference on a constant cell
 def test_report_compares_with_a_reference_within_groups(tmp_path):
     """bits_sweep's question: each cut against rank 8 everywhere at the same bits, never across bits."""
     accs = {(4, 8, 8): [0.70, 0.72, 0.74], (4, 3, 8): [0.60, 0.61, 0.62],    # 4-bit: the cut costs 0.11
