@@ -29,19 +29,24 @@ def _training_matmul(layer, args) -> None:
     layer.training = True  # Linear8bitLt picks its matmul from self.training at each call
 
 
-def rescore(run_dir: Path, matmul: str) -> dict:
-    """The run's test split scored as `evaluate.score` scores it, with its int8 layers in `matmul`: "scoring" (eval
-    mode, LLM.int8, as the run scored) or "training" (train mode, the dequantized weight; dropout stays off)."""
+def rescore(run_dir: Path, matmuls=("training",)) -> dict:
+    """The run's test split scored as `evaluate.score` scores it, once for each of `matmuls`, with its int8 layers in
+    "scoring" (eval mode, LLM.int8, as the run scored) or "training" (train mode, the dequantized weight; dropout stays
+    off). The model is built once and serves every pass."""
     net, tokenizer, cfg, _, device = predict.load(run_dir)
     int8 = [m for m in net.modules() if isinstance(m, Int8().modules)]
     if not int8:
         raise QftError("RUN_DIR", str(run_dir), "has no int8 layer (a run with quant=int8, or an int8 layer type)")
-    if matmul == "training":  # label_scores puts the whole model in eval mode; this puts the int8 layers back
-        for m in int8:
-            m.register_forward_pre_hook(_training_matmul)
     task = data.prepare(cfg.data, tokenizer, cfg.cache_dir)
-    return evaluate.score(net, task, "test", tokenizer, cfg.train.eval_batch_size,
-                          model.compute_dtype(cfg.quant.compute_dtype, device))["examples"]
+    dtype = model.compute_dtype(cfg.quant.compute_dtype, device)
+    scores = {}
+    for matmul in matmuls:
+        # label_scores puts the whole model in eval mode; for "training" a hook puts the int8 layers back
+        hooks = [m.register_forward_pre_hook(_training_matmul) for m in int8] if matmul == "training" else []
+        scores[matmul] = evaluate.score(net, task, "test", tokenizer, cfg.train.eval_batch_size, dtype)["examples"]
+        for h in hooks:
+            h.remove()
+    return scores
 
 
 def compare(run_dir: Path, check: bool = False) -> dict:
@@ -49,8 +54,8 @@ def compare(run_dir: Path, check: bool = False) -> dict:
     recorded = (record.read_examples(run_dir, rec) or {}).get("final.test")
     if recorded is None:
         raise QftError("RUN_DIR", str(run_dir), "keeps no per-example test scores (examples.npz)")
-    rebuilt = rescore(run_dir, "scoring") if check else None
-    trained = rescore(run_dir, "training")
+    scores = rescore(run_dir, ("scoring", "training") if check else ("training",))
+    trained, rebuilt = scores["training"], scores.get("scoring")
     if not np.array_equal(trained["id"], recorded["id"]):
         raise QftError("RUN_DIR", str(run_dir), "its test split as rebuilt here differs from the one it recorded")
     return {"n": len(recorded["id"]), "recorded": float(recorded["correct"].mean()),
