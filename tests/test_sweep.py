@@ -311,7 +311,7 @@ def test_report_splits_datasets_and_says_which_differences_beat_the_noise(tmp_pa
     ci = welch.confidence_interval(0.95)
     assert f"| 0.820 | ±{st.t.ppf(0.975, 2) * 0.02 / math.sqrt(3):.3f} | -0.090 [{ci.low:+.3f}, {ci.high:+.3f}] " \
            f"p_adj {welch.pvalue:.2g} differs |" in bbc
-    assert "| 0.910 |" in bbc and "| best |" in bbc
+    assert "| 0.910 |" in bbc and "| best |" in bbc and "The reference is the best cell on this same test set" in bbc
     # reuters: 0.70 vs 0.70 with wide spreads: neither a difference nor equivalence within 0.02
     assert "inconclusive" in reuters and "differs" not in reuters.split("\n", 2)[2]
     g = report.grouped(report.collect([tmp_path / "runs"]).query("`cfg.data.source` == 'bbc'"))
@@ -334,6 +334,7 @@ def test_report_compares_with_a_reference_within_groups(tmp_path):
     files = report.report([tmp_path / "runs"], tmp_path / "out", {"attn_r": "8", "mlp_r": "8"}, ("attn_bits",))
     text = files["summary"].read_text()
     assert "| adapted | attn_r | attn_bits | mlp_bits | params |" in text
+    assert "The reference is named on the command line" in text and "best cell" not in text
     rows = {(c[3].strip(), c[2].strip()): line for line in text.splitlines()[4:] if line.startswith("|")
             for c in [line.split("|")]}
     # Welch (scipy), Holm across the two comparisons: the 4-bit cut differs, the 8-bit one is inconclusive

@@ -60,8 +60,11 @@ def markdown(g, df, versus: dict | None = None, within: tuple = (), margin: floa
             f"interval (unadjusted), its Holm-adjusted p across these {n} comparisons and a verdict (differs / "
             f"equivalent within ±{margin:g} / inconclusive) from the adjusted tests ({', '.join(methods) or 'none'}; paired-crossed: per-example over seeds and examples, "
             "welch / one-sample, this test set: over seeds only, for records without per-example scores, so the test set's "
-            "own sampling noise is not in the interval). The reference is the best cell on this same test set, which "
-            "biases toward \"differs\": exploratory. A study's declared contrasts are in contrasts.md.")
+            "own sampling noise is not in the interval). "
+            + ("The reference is named on the command line, not declared in a plan before the runs: exploratory. "
+               if versus else "The reference is the best cell on this same test set, which biases toward \"differs\": "
+               "exploratory. ")
+            + "A study's declared contrasts are in contrasts.md.")
     tail = [f"- {r.run_dir}: {r.status} {r.error or ''}" for _, r in failed.iterrows()]
     notes = _provenance(df[df.status == "ok"])
     return "\n".join([head, "", *lines, *([""] + notes if notes else []), *([""] + tail if tail else [])]) + "\n"
