@@ -5,7 +5,7 @@ import zlib
 import pytest
 import torch
 
-from qft import quant, train
+from qft import model, quant, train
 from conftest import build
 
 PROMPTS = [[5, 6, 7, 8, 9], [11, 12, 13], [20, 21, 22, 23, 24, 25, 26]]
@@ -163,3 +163,31 @@ def test_fast_dropout_mask_is_in_the_hash():
 
     fast, torch_mask = make_cfg("adapter.dropout_mask=fast"), make_cfg("adapter.dropout_mask=torch")
     assert record.config_hash(fast) != record.config_hash(torch_mask)
+
+
+def test_lm_head_reads_a_dense_input_as_one_matmul():
+    """logits_to_keep hands the head a strided slice of the hidden states; without qft's pre-hook that linear runs
+    as a batched matmul over an expanded weight (slow in fp32). With it: one mm, the same logits and gradients."""
+    def run(hooked):
+        _, _, built = build("quant.compute_dtype=fp32", "adapter.dropout=0.0", "train.fuse_projections=false")
+        net = built.model
+        head = net.get_output_embeddings()
+        assert list(head._forward_pre_hooks.values()) == [model.dense_input]
+        if not hooked:
+            head._forward_pre_hooks.clear()
+        with torch.no_grad():
+            for n, p in net.named_parameters():
+                if "lora_B" in n:
+                    p.normal_(std=0.2, generator=torch.Generator().manual_seed(zlib.crc32(n.encode())))
+        with torch.profiler.profile() as prof:
+            loss, _, _ = train.answer_loss(net, PROMPTS, ANSWERS, 2, torch.float32)
+            loss.backward()
+        ops = {e.key for e in prof.key_averages()}
+        return loss, {k: p.grad for k, p in net.named_parameters() if p.requires_grad}, ops
+
+    loss, grads, ops = run(True)
+    ref_loss, ref_grads, ref_ops = run(False)
+    assert "aten::bmm" in ref_ops and "aten::bmm" not in ops  # SDPA, not bmm, runs the attention here
+    assert torch.allclose(loss, ref_loss, rtol=1e-6)
+    for k in grads:  # the same products summed in one call: equal within fp32 reassociation
+        assert torch.allclose(grads[k], ref_grads[k], rtol=1e-5, atol=1e-7), k
