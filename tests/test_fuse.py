@@ -1,14 +1,12 @@
 """Fused projections (qft.fuse) compute what the unfused model computes, with peft's own modules in place."""
 
-import zlib
-
 import pytest
 import torch
 import torch.nn.functional as F
 from peft.tuners.lora import bnb as lora_bnb
 
 from qft import fuse, record, train
-from conftest import build, make_cfg
+from conftest import build, make_cfg, spread_lora_b
 
 PROMPTS = [[5, 6, 7, 8, 9], [11, 12, 13], [20, 21, 22, 23, 24, 25, 26]]
 ANSWERS = [[100], [200, 201, 202], [300, 301]]
@@ -21,10 +19,7 @@ def outputs(fused, dtype, *overrides, checkpointing=False):
     net = built.model
     if checkpointing:  # as qft.train enables it: the layer's forward runs again in backward
         net.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    with torch.no_grad():
-        for n, p in net.named_parameters():
-            if "lora_B" in n:
-                p.normal_(std=0.2, generator=torch.Generator().manual_seed(zlib.crc32(n.encode())))
+    spread_lora_b(net)
     torch.manual_seed(1)  # the dropout masks: the same stream, drawn in the same order
     cdt = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
     loss, _, _ = train.answer_loss(net, PROMPTS, ANSWERS, 2, cdt)
@@ -150,10 +145,7 @@ def test_merge_unmerge_and_disabled_adapters_step_aside():
     ref, fused = (build(f"train.fuse_projections={f}", "quant=none", "quant.compute_dtype=fp32")[2].model
                   for f in ("false", "true"))
     for net in (ref, fused):
-        with torch.no_grad():
-            for n, p in net.named_parameters():
-                if "lora_B" in n:
-                    p.normal_(std=0.2, generator=torch.Generator().manual_seed(zlib.crc32(n.encode())))
+        spread_lora_b(net)
         net.eval()
     ids = torch.tensor([PROMPTS[2]])
     with torch.no_grad():

@@ -1,12 +1,10 @@
 """Every speed switch is a config key, and none changes the numbers: same loss, gradients and scores."""
 
-import zlib
-
 import pytest
 import torch
 
 from qft import model, quant, train
-from conftest import build
+from conftest import build, spread_lora_b
 
 PROMPTS = [[5, 6, 7, 8, 9], [11, 12, 13], [20, 21, 22, 23, 24, 25, 26]]
 ANSWERS = [[100], [200, 201, 202], [300, 301]]
@@ -15,10 +13,7 @@ ANSWERS = [[100], [200, 201, 202], [300, 301]]
 def loss_grads_logits(*overrides):
     _, _, built = build("adapter.dropout=0.0", *overrides)
     net = built.model
-    with torch.no_grad():
-        for n, p in net.named_parameters():
-            if "lora_B" in n:
-                p.normal_(std=0.2, generator=torch.Generator().manual_seed(zlib.crc32(n.encode())))
+    spread_lora_b(net)
     loss, n, _ = train.answer_loss(net, PROMPTS, ANSWERS, 2, torch.bfloat16)
     (loss / n).backward()
     grads = {k: p.grad.clone() for k, p in net.named_parameters() if p.requires_grad}
@@ -175,10 +170,7 @@ def test_lm_head_reads_a_dense_input_as_one_matmul():
         assert list(head._forward_pre_hooks.values()) == [model.dense_input]
         if not hooked:
             head._forward_pre_hooks.clear()
-        with torch.no_grad():
-            for n, p in net.named_parameters():
-                if "lora_B" in n:
-                    p.normal_(std=0.2, generator=torch.Generator().manual_seed(zlib.crc32(n.encode())))
+        spread_lora_b(net)
         with torch.profiler.profile() as prof:
             loss, _, _ = train.answer_loss(net, PROMPTS, ANSWERS, 2, torch.float32)
             loss.backward()
