@@ -135,6 +135,26 @@ def test_fast_dropout_keeps_the_rate_and_scales_like_inverted_dropout():
             assert abs(both - 0.25) < 5 * (0.25 * 0.75 / 250_000) ** 0.5, (i, j, both)
 
 
+@pytest.mark.parametrize("dtype, as_int", [(torch.float32, torch.int32), (torch.bfloat16, torch.int16)])
+def test_fast_dropout_applies_its_mask_with_the_bits_of_a_multiply_by_the_bool_mask(dtype, as_int):
+    from qft.adapter import _MaskedScale
+
+    x = torch.randn(64, 96).to(dtype)
+    x[0, :8], x[1, :8] = -0.0, 0.0  # signed zeros, dropped and kept
+    keep = torch.rand(x.shape, generator=torch.Generator().manual_seed(0)) > 0.3
+    keep[0, ::2] = keep[1, ::2] = False
+    scale = 65536 / (65536 - 3277)
+    grad = torch.randn(x.shape).to(dtype)
+    x.requires_grad_(True)
+    y = _MaskedScale.apply(x, keep, scale)
+    y.backward(grad)
+    bits = lambda t: t.detach().view(as_int)  # noqa: E731
+    assert y.dtype == dtype and torch.equal(bits(y), bits((x.detach() * keep).mul_(scale)))
+    assert torch.equal(bits(x.grad), bits((grad * keep).mul_(scale)))
+    neg_zero = bits(torch.tensor(-0.0, dtype=dtype))
+    assert (bits(y)[0, :8] == neg_zero).all() and (bits(y)[(~keep) & (x < 0)] == neg_zero).all()  # signs kept
+
+
 def test_fast_dropout_on_every_adapter_and_only_there():
     from qft.adapter import FastDropout
 
