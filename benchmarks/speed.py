@@ -3,6 +3,7 @@
     python benchmarks/speed.py                      # SmolLM2-135M, BBC News, NF4, r=8 on all 7 projections
     python benchmarks/speed.py --seq 128 --steps 10 # the longer-sequence point
     python benchmarks/speed.py --unfused            # also qft with train.fuse_projections=false, alternating
+    python benchmarks/speed.py --also quant.attention_dtype=fp32   # also qft with a switch, alternating
 
 Each measurement is its own process (so start-up and peak RSS are clean), in the order qft, baseline,
 qft, baseline, ...; the medians and the qft/baseline ratios go to benchmarks/results/. The dense bf16
@@ -52,7 +53,7 @@ def run_qft(a, t0: float, out: dict) -> None:
     a sweep's later jobs (imports paid, model converted, data tokenized, quantized base cached)."""
     from qft import run, train
 
-    inner, marks = train.train, {}
+    inner, marks, finish, ends = train.train, {}, train.finish_step, []
 
     def timed(*args, **kw):  # start-up = launch (or the job's start) until the training loop begins
         marks["first_step"] = time.time()
@@ -60,12 +61,17 @@ def run_qft(a, t0: float, out: dict) -> None:
             raise _Started
         return inner(*args, **kw)
 
-    train.train = timed
+    def step_end(*args, **kw):
+        finish(*args, **kw)
+        ends.append(time.perf_counter())
+
+    train.train, train.finish_step = timed, step_end
     rec = run.run(compose(a), Path(a.workdir))
     out.update(startup_seconds=marks["first_step"] - t0, tokens_per_second=rec["train_tokens_per_second"],
                train_seconds=rec["train_seconds"], train_tokens=rec["train_tokens"],
                test_accuracy=rec["final_accuracy"]["test"], final_loss=rec["loss_curve"][-1][1],
-               peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+               peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+               steady_tokens_per_second=steady(rec["train_tokens"], ends))
     marks["probe"], t1 = True, time.time()
     try:
         run.run(compose(a), Path(a.workdir + "-next"))
@@ -73,12 +79,18 @@ def run_qft(a, t0: float, out: dict) -> None:
         out["sweep_startup_seconds"] = marks["first_step"] - t1
 
 
+def steady(tokens: int, step_ends: list[float]) -> float:
+    """Tokens/s once running: a step's mean tokens over the median time between consecutive step ends, the first
+    step (lazy initialisation, first touch of the activations' memory) left out. What a long run sees."""
+    return tokens / len(step_ends) / statistics.median(b - a for a, b in zip(step_ends, step_ends[1:]))
+
+
 def run_baseline(a, t0: float, out: dict) -> None:
     """The best plain use of the stock stack: from_pretrained + BitsAndBytesConfig, prepare_model_for_kbit_training,
     get_peft_model, HF Trainer; the same tokenized examples, answer-only labels, batch, lr and steps."""
     import torch
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
-    from transformers import AutoModelForCausalLM, BitsAndBytesConfig, Trainer, TrainingArguments
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig, Trainer, TrainerCallback, TrainingArguments
 
     from qft import data, evaluate, model
 
@@ -112,7 +124,13 @@ def run_baseline(a, t0: float, out: dict) -> None:
                              logging_steps=1, save_strategy="no", report_to=[], seed=0, max_grad_norm=1.0,
                              weight_decay=0.0, dataloader_num_workers=0, remove_unused_columns=False,
                              disable_tqdm=True)
-    trainer = Trainer(model=net, args=args, train_dataset=rows, data_collator=collate)
+    ends = []
+
+    class StepEnds(TrainerCallback):
+        def on_step_end(self, *args, **kwargs):
+            ends.append(time.perf_counter())
+
+    trainer = Trainer(model=net, args=args, train_dataset=rows, data_collator=collate, callbacks=[StepEnds()])
     out["startup_seconds"] = time.time() - t0
     t = time.perf_counter()
     result = trainer.train()
@@ -121,7 +139,8 @@ def run_baseline(a, t0: float, out: dict) -> None:
     acc = evaluate.accuracy(net, task, "test", tok, 32, dtype)
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     out.update(tokens_per_second=counted["tokens"] / seconds, train_seconds=seconds, train_tokens=counted["tokens"],
-               test_accuracy=acc, final_loss=losses[-1] if losses else result.training_loss)
+               test_accuracy=acc, final_loss=losses[-1] if losses else result.training_loss,
+               steady_tokens_per_second=steady(counted["tokens"], ends))
 
 
 def worker(a) -> None:
@@ -129,6 +148,8 @@ def worker(a) -> None:
     out = {"kind": a.worker}
     if a.worker == "qft_unfused":
         a.qft_overrides = [*a.qft_overrides, "train.fuse_projections=false"]
+    if a.worker == "qft_also":
+        a.qft_overrides = [*a.qft_overrides, *a.also]
     (run_baseline if a.worker == "baseline" else run_qft)(a, t0, out)
     out.setdefault("peak_rss_bytes", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
     Path(a.json_out).write_text(json.dumps(out))
@@ -185,7 +206,7 @@ def step_shape_ceiling(tokens: int, dtype: str = "bf16", reps: int = 3) -> float
 def useful_flops_per_step(a, tokens_per_step: float, answer_tokens_per_step: float) -> float:
     """Forward + backward FLOPs a step needs: frozen projections (forward and input gradient), LoRA
     (forward, input and weight gradients), attention scores, and the LM head at the answer positions only."""
-    d, kv, ff, layers, vocab, r, shapes = D, KV, FF, LAYERS, VOCAB, 8, SHAPES
+    d, layers, vocab, r, shapes = D, LAYERS, VOCAB, 8, SHAPES
     base = sum(4 * i * o for i, o in shapes)
     lora = sum(6 * r * (i + o) for i, o in shapes)
     attn = 3 * 4 * (a.seq / 2) * d  # QK^T and AV, forward + 2x backward, causal average length
@@ -212,7 +233,9 @@ def main() -> None:
                     help="the stock recipe's bnb_4bit_compute_dtype (bf16 is the published QLoRA recipe)")
     ap.add_argument("--unfused", action="store_true",
                     help="also run qft with train.fuse_projections=false, in turn with the others (fusion's own gain)")
-    ap.add_argument("--worker", choices=["qft", "qft_unfused", "baseline"])
+    ap.add_argument("--also", action="append", default=[], metavar="OVERRIDE",
+                    help="also run qft with this override added (repeatable), in turn with the others")
+    ap.add_argument("--worker", choices=["qft", "qft_unfused", "qft_also", "baseline"])
     ap.add_argument("--json-out")
     ap.add_argument("--workdir")
     ap.add_argument("qft_overrides", nargs="*", help="extra qft overrides, e.g. quant.cache_dequantized=true")
@@ -227,14 +250,14 @@ def main() -> None:
     ceiling = {d: [matmul_ceiling(d)] for d in ("bf16", "fp32")}
     runs = []
     for rep in range(a.reps):
-        for kind in ("qft", "qft_unfused", "baseline") if a.unfused else ("qft", "baseline"):
+        for kind in ("qft", *["qft_unfused"] * a.unfused, *["qft_also"] * bool(a.also), "baseline"):
             work = out_dir / f"work-{kind}-{rep}"
             shutil.rmtree(work, ignore_errors=True)
             js = out_dir / f".{kind}-{rep}.json"
             env = {**os.environ, "QFT_BENCH_T0": str(time.time()), "QFT_PROGRESS": "0"}
             cmd = [sys.executable, __file__, "--worker", kind, "--json-out", str(js), "--workdir", str(work),
                    "--steps", str(a.steps), "--batch", str(a.batch), "--seq", str(a.seq), "--test", str(a.test),
-                   "--baseline-dtype", a.baseline_dtype, *a.qft_overrides]
+                   "--baseline-dtype", a.baseline_dtype, *[x for o in a.also for x in ("--also", o)], *a.qft_overrides]
             subprocess.run(cmd, check=True, env=env, cwd=ROOT)
             runs.append(json.loads(js.read_text()))
             js.unlink()
@@ -245,7 +268,8 @@ def main() -> None:
     def med(kind, key):
         return statistics.median(r[key] for r in runs if r["kind"] == kind)
 
-    keys = ("tokens_per_second", "startup_seconds", "peak_rss_bytes", "test_accuracy", "final_loss")
+    keys = ("tokens_per_second", "steady_tokens_per_second", "startup_seconds", "peak_rss_bytes", "test_accuracy",
+            "final_loss")
     summary = {k: {"qft": med("qft", k), "baseline": med("baseline", k)} for k in keys}
     summary["qft_sweep_startup_seconds"] = med("qft", "sweep_startup_seconds")
     for k in keys:
@@ -253,6 +277,9 @@ def main() -> None:
         if a.unfused:
             summary[k]["qft_unfused"] = med("qft_unfused", k)
             summary[k]["ratio_qft_over_unfused"] = summary[k]["qft"] / summary[k]["qft_unfused"]
+        if a.also:
+            summary[k]["qft_also"] = med("qft_also", k)
+            summary[k]["ratio_qft_also_over_qft"] = summary[k]["qft_also"] / summary[k]["qft"]
     q = [r for r in runs if r["kind"] == "qft"]
     tokens_per_step = statistics.median(r["train_tokens"] / a.steps for r in q)
     flops = useful_flops_per_step(a, tokens_per_step, a.batch * 1.2)  # BBC label words: 1.2 tokens on average
@@ -264,11 +291,11 @@ def main() -> None:
     summary["step_shape_matmul_gflops"] = step_shape_ceiling(int(tokens_per_step), qft_dtype)
     summary["qft_over_step_shape_matmul"] = summary["qft_useful_gflops"] / summary["step_shape_matmul_gflops"]
     summary["settings"] = {"steps": a.steps, "batch": a.batch, "seq": a.seq, "reps": a.reps, "test": a.test,
-                           "baseline_dtype": a.baseline_dtype, "qft_overrides": a.qft_overrides,
+                           "baseline_dtype": a.baseline_dtype, "qft_overrides": a.qft_overrides, "also": a.also,
                            "threads": __import__("torch").get_num_threads(), "cpu_capability":
                            __import__("torch").backends.cpu.get_cpu_capability(), "cpu": _cpu_name()}
     summary["runs"] = runs
-    name = f"speed-seq{a.seq}-baseline_{a.baseline_dtype}" + ("-unfused" if a.unfused else "") + ("-" + "-".join(o.replace("=", "_") for o in a.qft_overrides) if a.qft_overrides else "")
+    name = f"speed-seq{a.seq}-baseline_{a.baseline_dtype}" + ("-unfused" if a.unfused else "") + "".join("-also-" + o.replace("=", "_") for o in a.also) + ("-" + "-".join(o.replace("=", "_") for o in a.qft_overrides) if a.qft_overrides else "")
     (out_dir / f"{name}.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps({k: v for k, v in summary.items() if k != "runs"}, indent=1))
 

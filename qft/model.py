@@ -206,6 +206,38 @@ def load(source: Source):
     return model
 
 
+ATTENTION_DTYPES = ("compute", "fp32")
+_FP32_SDPA = "qft_sdpa_fp32"
+
+
+def attention_dtype(model, name: str) -> None:
+    """quant.attention_dtype=fp32: the model's SDPA runs in fp32 under autocast instead of in the compute dtype.
+
+    On a CPU torch's flash-attention backward is about 2.5x slower in bf16 than in fp32 (14.4 against 6.5 ms a
+    SmolLM2 layer at batch 16 x 64, forward and backward), and the q, k, v the projections hand it are fp32 already
+    (QLoRA's residual stream), so the casts go too: a bf16 step about 9% faster (benchmarks/README.md). Attention
+    is then computed in more precision, not less, but with other rounding: the setting is in the config hash.
+    Registered through transformers' own attention interface, so the modules stay the stock ones."""
+    if name == "compute":
+        return
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    have = model.config._attn_implementation
+    if have != "sdpa":
+        raise QftError("quant.attention_dtype", name, f"fp32 runs the model's SDPA attention in fp32; this model "
+                                                       f"uses {have!r} attention: use compute")
+
+    def sdpa_fp32(module, query, key, value, attention_mask, **kwargs):
+        with torch.autocast(query.device.type, enabled=False):
+            return sdpa_attention_forward(module, query.float(), key.float(), value.float(), attention_mask, **kwargs)
+
+    AttentionInterface.register(_FP32_SDPA, sdpa_fp32)
+    AttentionMaskInterface.register(_FP32_SDPA, sdpa_mask)
+    model.set_attn_implementation(_FP32_SDPA)
+
+
 def dense_input(module, args):
     """The LM head reads a dense copy of its input: transformers slices the last positions out of the hidden states
     (`logits_to_keep`), and a linear layer on that strided view runs as a batched matmul over the weight expanded

@@ -105,6 +105,7 @@ def build(cfg, source: model.Source, device: torch.device) -> Built:
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     net = model.load(source)
+    model.attention_dtype(net, cfg.quant.get("attention_dtype", "compute"))
     projections = layers.classify(net, source.model_type)
     cached = quant.cache_file(cfg.quant, projections, model.fingerprint(source), device, cfg.cache_dir) \
         if cfg.quant.get("cache_quantized", True) else None

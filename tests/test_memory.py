@@ -170,3 +170,16 @@ def test_shared_dropout_saves_what_the_memory_model_says(dtype):
         got[shared] = measure.measure_step(built.model, cfg.train, [batch()], 2, torch_dtype)["peak"]
     assert est["true"] < est["false"]
     assert est["true"] - est["false"] == got["true"] - got["false"]
+
+
+def test_fp32_attention_costs_what_the_memory_model_says():
+    """quant.attention_dtype=fp32 under bf16 autocast: SDPA keeps q, k, v, its output and its mask in fp32, not bf16;
+    the estimate moves by what the measured step moves, byte for byte."""
+    est, got = {}, {}
+    for attention in ("compute", "fp32"):
+        cfg, _, built = build("quant.compute_dtype=bf16", f"quant.attention_dtype={attention}")
+        cfg = sized(cfg)
+        est[attention] = memory.estimate(cfg, answer_tokens=K).peak
+        got[attention] = measure.measure_step(built.model, cfg.train, [batch()], 2, torch.bfloat16)["peak"]
+    assert est["fp32"] > est["compute"]
+    assert est["fp32"] - est["compute"] == got["fp32"] - got["compute"]

@@ -203,3 +203,64 @@ def test_lm_head_reads_a_dense_input_as_one_matmul():
     assert torch.allclose(loss, ref_loss, rtol=1e-6)
     for k in grads:  # the same products summed in one call: equal within fp32 reassociation
         assert torch.allclose(grads[k], ref_grads[k], rtol=1e-5, atol=1e-7), k
+
+
+# ---------------------------------------------------------------- quant.attention_dtype=fp32: other rounding, hashed
+# It runs the model's SDPA in fp32 under bf16 autocast (faster on CPUs, more precise): numbers change, so it is
+# part of the config hash; with fp32 compute it changes nothing.
+
+SDPA = torch.nn.functional.scaled_dot_product_attention
+
+
+def attention_calls(monkeypatch, *overrides, dtype=torch.bfloat16):
+    """Loss, gradients and what each SDPA call saw (autocast on?, the output's dtype) on a left-padded batch."""
+    seen = []
+
+    def spy(q, k, v, *args, **kwargs):
+        out = SDPA(q, k, v, *args, **kwargs)
+        seen.append((torch.is_autocast_enabled("cpu"), out.dtype))
+        return out
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    _, _, built = build("adapter.dropout=0.0", *overrides)
+    spread_lora_b(built.model)
+    loss, n, _ = train.answer_loss(built.model, PROMPTS, ANSWERS, 2, dtype)
+    (loss / n).backward()
+    return loss.item(), {k: p.grad for k, p in built.model.named_parameters() if p.requires_grad}, seen
+
+
+def test_fp32_attention_runs_sdpa_in_fp32_under_bf16_autocast(monkeypatch):
+    loss, grads, seen = attention_calls(monkeypatch, "quant.compute_dtype=bf16", "quant.attention_dtype=fp32")
+    ref_loss, ref_grads, ref_seen = attention_calls(monkeypatch, "quant.compute_dtype=bf16")
+    assert seen == [(False, torch.float32)] * 4 and ref_seen == [(True, torch.bfloat16)] * 4  # tiny_llama: 4 layers
+    assert loss != ref_loss and abs(loss - ref_loss) < 1e-2 * abs(ref_loss)  # other rounding, the same model
+    assert grads.keys() == ref_grads.keys()
+    for k in grads:  # bf16 rounding apart, as a whole
+        assert (grads[k] - ref_grads[k]).norm() < 0.1 * ref_grads[k].norm(), k
+
+
+def test_fp32_attention_changes_nothing_in_fp32(monkeypatch):
+    loss, grads, seen = attention_calls(monkeypatch, "quant.compute_dtype=fp32", "quant.attention_dtype=fp32",
+                                        dtype=torch.float32)
+    ref_loss, ref_grads, _ = attention_calls(monkeypatch, "quant.compute_dtype=fp32", dtype=torch.float32)
+    assert seen == [(False, torch.float32)] * 4 and loss == ref_loss
+    assert all(torch.equal(grads[k], ref_grads[k]) for k in grads)
+
+
+def test_attention_dtype_is_checked_and_hashed():
+    from conftest import make_cfg
+    from qft import record
+    from qft.errors import QftError
+
+    fp32, default = make_cfg("quant.attention_dtype=fp32"), make_cfg()
+    assert record.config_hash(fp32) != record.config_hash(default)
+    before = record.resolved(default)
+    del before["quant"]["attention_dtype"]  # configs made before the key hash as its default
+    assert record.config_hash(before, inputs_=record.inputs(default)) == record.config_hash(default)
+    with pytest.raises(QftError, match="quant.attention_dtype.*compute, fp32"):
+        quant.check(make_cfg("quant.attention_dtype=bf16").quant)
+    cfg, source, built = build()
+    eager = model.load(source)
+    eager.set_attn_implementation("eager")
+    with pytest.raises(QftError, match="quant.attention_dtype.*'eager'"):
+        model.attention_dtype(eager, "fp32")

@@ -86,6 +86,7 @@ class Resolved:
     fast_mask: bool = False  # adapter.dropout_mask=fast keeps a 1-byte mask, torch's dropout one in its input's dtype
     shared_dropout: bool = False  # adapter.shared_dropout: one mask (and dropped input) per group reading one input
     fused: bool = False  # train.fuse_projections: groups reading one input share a matmul; the head is cast once
+    attention_fp32: bool = False  # quant.attention_dtype=fp32: SDPA keeps its tensors in fp32 under autocast
 
 
 def meta_model(source):
@@ -189,7 +190,8 @@ def resolve(cfg, source=None, answer_tokens: int | None = None, answer_rows: int
                 int(cfg.data.max_length), int(answer_tokens), answer_rows, padded,
                 int(cfg.train.eval_batch_size), off, fast_mask=cfg.adapter.get("dropout_mask", "torch") == "fast",
                 shared_dropout=bool(cfg.adapter.get("shared_dropout", False)),
-                fused=bool(cfg.train.get("fuse_projections", False)))
+                fused=bool(cfg.train.get("fuse_projections", False)),
+                attention_fp32=cfg.quant.get("attention_dtype", "compute") == "fp32")
 
 
 # ----------------------------------------------------------------------------------------------- fixed bytes
@@ -281,7 +283,8 @@ def _layer_activations(p: Resolved, depth: int, grad_in: bool, b: int) -> tuple[
     attn += sum(lora(x, grad_in, "attn_in") for x in ("q_proj", "k_proj", "v_proj"))
     g_qkv = grad_in or any(r_of(x) for x in ("q_proj", "k_proj", "v_proj"))
     if g_qkv:  # SDPA: q, k, v and the output, the fp32 log-sum-exp, and its own additive copy of the mask
-        attn += c * 2 * (q_dim + kv_dim) * t + 4 * sh.heads * t + (c * b * s * s if p.padded else 0)
+        a = 4 if p.attention_fp32 else c
+        attn += a * 2 * (q_dim + kv_dim) * t + 4 * sh.heads * t + (a * b * s * s if p.padded else 0)
     attn += lora("o_proj", g_qkv, "o_in")
     # bitsandbytes' int8 matmul keeps its input on its autograd node itself (ctx.A), past saved-tensor
     # hooks and checkpointing: the fp32 norm output (shared by q, k, v). o_proj's input is SDPA's output

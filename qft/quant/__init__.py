@@ -17,7 +17,7 @@ from torch import nn
 
 from qft import atomic, layers as L
 from qft.errors import QftError, boolean, number, one_of
-from qft.model import COMPUTE_DTYPES, compute_dtype as dtype_of
+from qft.model import ATTENTION_DTYPES, COMPUTE_DTYPES, compute_dtype as dtype_of
 from qft.quant import bnb4, dense, int8  # noqa: F401  (the built-in backends register themselves)
 from qft.quant.bnb4 import Dequantized  # noqa: F401  (qft.quant.Dequantized, as before the split)
 from qft.quant.registry import BACKENDS, Backend, bits, for_module, for_settings, quant_types, register  # noqa: F401
@@ -40,7 +40,9 @@ def check(cfg, depth: int | None = None) -> None:
         raise QftError("quant.compute_dtype", cfg.compute_dtype, f"allowed: {', '.join(COMPUTE_DTYPES)}")
     for key in ("cache_dequantized", "cache_quantized"):
         boolean(f"quant.{key}", cfg.get(key, False))
-    L.check_spec(cfg, "quant", FIELDS, depth, other_keys=("compute_dtype", "cache_dequantized", "cache_quantized"))
+    one_of("quant.attention_dtype", cfg.get("attention_dtype", "compute"), ATTENTION_DTYPES)
+    L.check_spec(cfg, "quant", FIELDS, depth,
+                 other_keys=("compute_dtype", "cache_dequantized", "cache_quantized", "attention_dtype"))
 
 
 def plan(cfg, layers: list[L.Layer]) -> dict[str, dict]:
