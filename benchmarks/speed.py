@@ -214,7 +214,7 @@ def useful_flops_per_step(a, tokens_per_step: float, answer_tokens_per_step: flo
     return layers * (base + lora + attn) * tokens_per_step + head * answer_tokens_per_step
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
     try:
         return next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
     except (OSError, StopIteration):
@@ -293,7 +293,7 @@ def main() -> None:
     summary["settings"] = {"steps": a.steps, "batch": a.batch, "seq": a.seq, "reps": a.reps, "test": a.test,
                            "baseline_dtype": a.baseline_dtype, "qft_overrides": a.qft_overrides, "also": a.also,
                            "threads": __import__("torch").get_num_threads(), "cpu_capability":
-                           __import__("torch").backends.cpu.get_cpu_capability(), "cpu": _cpu_name()}
+                           __import__("torch").backends.cpu.get_cpu_capability(), "cpu": cpu_name()}
     summary["runs"] = runs
     name = f"speed-seq{a.seq}-baseline_{a.baseline_dtype}" + ("-unfused" if a.unfused else "") + "".join("-also-" + o.replace("=", "_") for o in a.also) + ("-" + "-".join(o.replace("=", "_") for o in a.qft_overrides) if a.qft_overrides else "")
     (out_dir / f"{name}.json").write_text(json.dumps(summary, indent=1))

@@ -215,7 +215,7 @@ def attention_dtype(model, name: str) -> None:
 
     On a CPU torch's flash-attention backward is about 2.5x slower in bf16 than in fp32 (14.4 against 6.5 ms a
     SmolLM2 layer at batch 16 x 64, forward and backward), and the q, k, v the projections hand it are fp32 already
-    (QLoRA's residual stream), so the casts go too: a bf16 step about 9% faster (benchmarks/README.md). Attention
+    (QLoRA's residual stream), so the casts go too: a bf16 run 5-12% faster (benchmarks/README.md). Attention
     is then computed in more precision, not less, but with other rounding: the setting is in the config hash.
     Registered through transformers' own attention interface, so the modules stay the stock ones."""
     if name == "compute":

@@ -1,0 +1,93 @@
+"""Where a qft training step goes, op by op: every aten (and bitsandbytes) op of a few steps timed as it runs.
+
+    python benchmarks/step_ops.py                                   # SmolLM2-135M, BBC News, batch 16 x 64, defaults
+    python benchmarks/step_ops.py quant.attention_dtype=fp32 --top 20
+
+torch.profiler's per-op times on a small VM were not the ops' own (the fused gate/up matmul read 26-30 ms there
+against 19-20 ms timed in the step), so each op is timed by a dispatch mode with a clock around the call, which
+costs about 0.3 s a step of Python and is left out of the per-op figures. The model, data and steps are those of
+`speed.py`'s qft run; the steps timed come after warm-up steps, on the same batches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import time
+from types import SimpleNamespace
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import speed
+
+
+class OpTimer(TorchDispatchMode):
+    """Seconds and calls per op; matmuls also by their operands' shapes, where the size decides the speed."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = collections.defaultdict(lambda: [0, 0.0])
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        t = time.perf_counter()
+        out = func(*args, **(kwargs or {}))
+        dt = time.perf_counter() - t
+        name = str(func.overloadpacket)
+        if name in ("aten.mm", "aten.bmm", "aten.addmm"):
+            name += " " + " x ".join(str(list(a.shape)) for a in args if isinstance(a, torch.Tensor))
+        self.ops[name][0] += 1
+        self.ops[name][1] += dt
+        return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--seq", type=int, default=64)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("qft_overrides", nargs="*", help="qft overrides, e.g. quant.compute_dtype=fp32")
+    a = ap.parse_args()
+    from qft import data, model, run, train
+
+    n = a.warmup + a.steps
+    cfg = speed.compose(SimpleNamespace(steps=n, batch=a.batch, seq=a.seq, test=10, qft_overrides=a.qft_overrides))
+    train.tune_host_allocator(cfg.train)
+    source = model.resolve(cfg.model, cfg.cache_dir)
+    tokenizer = model.load_tokenizer(source)
+    split = data.prepare(cfg.data, tokenizer, cfg.cache_dir).splits["train"]
+    net = run.build(cfg, source, torch.device("cpu")).model
+    dtype = model.compute_dtype(cfg.quant.compute_dtype)
+    opt = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr=cfg.train.lr)
+    net.train()
+
+    def step(i: int) -> None:
+        idx = train.micro_batch_indices(len(split.prompts), a.batch, i, cfg.seed)
+        loss, answer_tokens, _ = train.answer_loss(net, [split.prompts[j] for j in idx],
+                                                   [split.answers[j] for j in idx], tokenizer.pad_token_id, dtype)
+        (loss / answer_tokens).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for i in range(a.warmup):
+        step(i)
+    timer = OpTimer()
+    t = time.perf_counter()
+    with timer:
+        for i in range(a.warmup, n):
+            step(i)
+    wall = (time.perf_counter() - t) / a.steps
+    in_ops = sum(s for _, s in timer.ops.values()) / a.steps
+    print(f"{speed.cpu_name()}, {torch.get_num_threads()} threads, {torch.backends.cpu.get_cpu_capability()}, "
+          f"{model.compute_dtype_name(cfg.quant.compute_dtype)}; {a.steps} steps of batch {a.batch} x {a.seq} "
+          f"after {a.warmup}")
+    print(f"a step: {wall:.3f} s timed, {in_ops:.3f} s in ops\n")
+    print("| op | ms a step | share of the ops | calls a step |\n|---|---:|---:|---:|")
+    for name, (calls, s) in sorted(timer.ops.items(), key=lambda kv: -kv[1][1])[:a.top]:
+        print(f"| `{name}` | {1e3 * s / a.steps:.1f} | {s / a.steps / in_ops:.1%} | {calls // a.steps} |")
+
+
+if __name__ == "__main__":
+    main()
