@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import sys
 import time
 from types import SimpleNamespace
 
@@ -90,4 +91,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from qft.errors import QftError
+
+    try:
+        main()
+    except QftError as e:
+        raise SystemExit(print(f"step_ops.py: error: {e}", file=sys.stderr) or 2)

@@ -1,0 +1,45 @@
+"""The benchmark tools measure what they say: speed.py's steady rate, and step_ops.py's table of a real step."""
+
+import re
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import speed  # noqa: E402
+
+
+def test_steady_rate_leaves_the_first_step_out_and_takes_the_median_step():
+    # 4 steps of 1,000 tokens in all: the first ends at 10 s (start-up work), then steps of 1, 3 and 1 s
+    assert speed.steady(1000, [10.0, 11.0, 14.0, 15.0]) == pytest.approx(250 / 1.0)
+    with pytest.raises(statistics.StatisticsError):
+        speed.steady(1000, [10.0])  # one step has no steady rate
+
+
+def step_ops(*args):
+    return subprocess.run([sys.executable, "benchmarks/step_ops.py", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_step_ops_times_every_op_of_a_real_step():
+    out = step_ops("--batch", "4", "--seq", "64", "--warmup", "1", "--steps", "2", "--top", "500", "model=tiny_llama")
+    assert out.returncode == 0, out.stderr
+    rows = re.findall(r"^\| `([^`]+)` \| ([\d.]+) \| ([\d.]+)% \| (\d+) \|$", out.stdout, re.M)
+    ops = {name: (float(ms), float(share), int(calls)) for name, ms, share, calls in rows}
+    assert sum(share for _, share, _ in ops.values()) == pytest.approx(100, abs=0.5)  # every op, each once
+    assert ops["aten._scaled_dot_product_flash_attention_for_cpu_backward"][2] == 4  # tiny_llama: 4 layers
+    assert ops["aten.random_"][2] == 4 * 7  # one fast dropout mask per adapted projection
+    assert any(re.fullmatch(r"aten\.mm \[\d+, \d+\] x \[\d+, \d+\]", name) for name in ops)  # matmuls by shape
+    timed, in_ops = map(float, re.search(r"a step: ([\d.]+) s timed, ([\d.]+) s in ops", out.stdout).groups())
+    assert 0 < in_ops <= timed
+
+
+def test_step_ops_bad_input_exits_2_with_one_line():
+    out = step_ops("--seq", "16", "model=tiny_llama")
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.strip().splitlines()[-1].startswith("step_ops.py: error: data.max_length=16")
+    assert len(out.stderr.strip().splitlines()) == 1
