@@ -50,6 +50,7 @@ def source(c) -> model.Source:
 def built(c):
     torch.manual_seed(0)
     net = model.load(source(c))
+    model.attention_dtype(net, c.quant.attention_dtype)
     projections = layers.classify(net, "llama")
     quant.quantize(net, c.quant, projections, DEV, None)
     net, _ = qadapter.attach(net, c.adapter, projections)
@@ -225,6 +226,28 @@ def _():
                                                  task_type="CAUSAL_LM"))
         theirs = rate(stock)
     return "ok", f"qft {ours:,.0f} tokens/s, stock {theirs:,.0f} tokens/s: {ours / theirs:.2f}x (batch 16, seq 64, r=8)"
+
+
+@check("quant.attention_dtype=fp32 vs compute")
+def _():
+    if not CUDA and not model.native_bf16("cpu"):
+        return skip("bf16 autocast is emulated on this CPU")
+    out = {}
+    for name in ("compute", "fp32"):
+        net = built(cfg("quant.compute_dtype=bf16", f"quant.attention_dtype={name}"))
+        prompts, answers = batch()
+        for i in range(3):  # the third pass is timed
+            if CUDA:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            loss, n, _ = train.answer_loss(net, prompts, answers, 2, torch.bfloat16)
+            (loss / n).backward()
+            if CUDA:
+                torch.cuda.synchronize()
+        out[name] = (loss.item(), time.perf_counter() - t0)
+    rel = abs(out["fp32"][0] - out["compute"][0]) / abs(out["compute"][0])
+    return ("ok" if rel < 1e-2 else "FAIL"), f"loss {rel:.1e} apart (bound 1e-2: bf16 rounding); a forward + backward " \
+        f"{out['fp32'][1] / out['compute'][1]:.2f}x the compute dtype's time"
 
 
 @check("2-process NCCL pipeline vs one process")
