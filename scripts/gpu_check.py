@@ -8,8 +8,6 @@ drawn at random). On a CPU the same script runs the parts a CPU can, and says wh
 
 from __future__ import annotations
 
-import math
-import os
 import sys
 import tempfile
 import time
