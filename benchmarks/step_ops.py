@@ -5,14 +5,15 @@
 
 torch.profiler's per-op times on a small VM were not the ops' own (the fused gate/up matmul read 26-30 ms there
 against 19-20 ms timed in the step), so each op is timed by a dispatch mode with a clock around the call, which
-costs about 0.3 s a step of Python and is left out of the per-op figures. The model, data and steps are those of
-`speed.py`'s qft run; the steps timed come after warm-up steps, on the same batches.
+costs about 0.3 s a step of Python and is left out of the per-op figures. The model, data, batches, optimizer and
+clipping are those of `speed.py`'s qft run (no schedule); the steps timed come after warm-up steps.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import math
 import sys
 import time
 from types import SimpleNamespace
@@ -61,7 +62,8 @@ def main() -> None:
     split = data.prepare(cfg.data, tokenizer, cfg.cache_dir).splits["train"]
     net = run.build(cfg, source, torch.device("cpu")).model
     dtype = model.compute_dtype(cfg.quant.compute_dtype)
-    opt = torch.optim.AdamW([p for p in net.parameters() if p.requires_grad], lr=cfg.train.lr)
+    params = [p for p in net.parameters() if p.requires_grad]
+    opt = train.make_optimizer(cfg.train, params)
     net.train()
 
     def step(i: int) -> None:
@@ -69,6 +71,7 @@ def main() -> None:
         loss, answer_tokens, _ = train.answer_loss(net, [split.prompts[j] for j in idx],
                                                    [split.answers[j] for j in idx], tokenizer.pad_token_id, dtype)
         (loss / answer_tokens).backward()
+        torch.nn.utils.clip_grad_norm_(params, cfg.train.max_grad_norm or math.inf)
         opt.step()
         opt.zero_grad(set_to_none=True)
 

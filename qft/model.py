@@ -7,6 +7,7 @@ converted folder loads in about a second.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import importlib.util
 import os
@@ -189,7 +190,8 @@ def load(source: Source):
     if source.weights is None:
         with torch.random.fork_rng(devices=[]):  # the base is model.seed's; the run's own seed stays for LoRA and dropout
             torch.manual_seed(source.seed)
-            model = AutoModelForCausalLM.from_config(source.config, dtype=torch.float32)
+            # a copy: the model owns its config (the attention setting is written there), the Source stays as resolved
+            model = AutoModelForCausalLM.from_config(copy.deepcopy(source.config), dtype=torch.float32)
     else:
         try:
             model = AutoModelForCausalLM.from_pretrained(source.weights, dtype=torch.float32,
@@ -236,6 +238,8 @@ def attention_dtype(model, name: str) -> None:
     AttentionInterface.register(_FP32_SDPA, sdpa_fp32)
     AttentionMaskInterface.register(_FP32_SDPA, sdpa_mask)
     model.set_attn_implementation(_FP32_SDPA)
+    if model.config._attn_implementation != _FP32_SDPA:  # transformers only warns where a model refuses the switch
+        raise QftError("quant.attention_dtype", name, "this model does not let its attention be replaced: use compute")
 
 
 def dense_input(module, args):

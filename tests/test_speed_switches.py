@@ -264,3 +264,7 @@ def test_attention_dtype_is_checked_and_hashed():
     eager.set_attn_implementation("eager")
     with pytest.raises(QftError, match="quant.attention_dtype.*'eager'"):
         model.attention_dtype(eager, "fp32")
+    fp32 = model.load(source)  # each model owns its config: the setting of one leaves the next load alone
+    model.attention_dtype(fp32, "fp32")
+    assert fp32.config._attn_implementation == "qft_sdpa_fp32"
+    assert model.load(source).config._attn_implementation == "sdpa"

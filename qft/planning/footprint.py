@@ -253,7 +253,8 @@ def _layer_activations(p: Resolved, depth: int, grad_in: bool, b: int) -> tuple[
         if not r:
             return 0
         d_in, d_out = by_proj[proj].in_features, by_proj[proj].out_features
-        sdpa_out = source == "o_in" and not p.dropout and (not autocast or p.device == "cuda")
+        sdpa_out = source == "o_in" and not p.dropout and (  # fp32 attention under autocast: LoRA casts a copy
+            not autocast or p.device == "cuda" and not p.attention_fp32)
         if sdpa_out:  # o_proj's LoRA reads SDPA's output as is, which SDPA keeps anyway
             keep = (c if autocast else 4) * r * t + (c * r * (d_in + d_out) if autocast else 0)
         elif autocast:  # a bf16 copy of the input per projection, the rank-r middle, the cached bf16 weights
