@@ -8,6 +8,7 @@ converted folder loads in about a second.
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import importlib.util
 import os
@@ -171,12 +172,22 @@ def _load_config(folder: Path, trust: bool):
 
 
 def load_tokenizer(source: Source):
+    """The tokenizer, left-padding, with a pad token. A copy of one read once per process and folder state: in a
+    sweep's later runs reading it again was a quarter of their start-up (0.12-0.30 s; a copy takes 0.1 s)."""
+    folder = Path(source.tokenizer_dir)
+    state = tuple((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in sorted(folder.iterdir()) if f.is_file()) \
+        if folder.is_dir() else ()
+    return copy.deepcopy(_read_tokenizer(str(folder), source.trust_remote_code, state))
+
+
+@functools.lru_cache(maxsize=4)
+def _read_tokenizer(folder: str, trust_remote_code: bool, state: tuple):
     from transformers import AutoTokenizer
 
     try:
-        tok = AutoTokenizer.from_pretrained(source.tokenizer_dir, trust_remote_code=source.trust_remote_code)
+        tok = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
     except Exception as e:
-        raise QftError("model.path", str(source.tokenizer_dir), f"no readable tokenizer ({type(e).__name__}: {str(e)[:200]})") from e
+        raise QftError("model.path", folder, f"no readable tokenizer ({type(e).__name__}: {str(e)[:200]})") from e
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"

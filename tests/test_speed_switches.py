@@ -268,3 +268,29 @@ def test_attention_dtype_is_checked_and_hashed():
     model.attention_dtype(fp32, "fp32")
     assert fp32.config._attn_implementation == "qft_sdpa_fp32"
     assert model.load(source).config._attn_implementation == "sdpa"
+
+
+# ---------------------------------------------------------------- start-up inside a sweep: the tokenizer read once
+
+def test_tokenizer_is_read_once_per_folder_state_and_handed_out_as_a_copy(tmp_path):
+    import dataclasses
+    import os
+    import shutil
+
+    from conftest import make_cfg
+
+    cfg = make_cfg()
+    source = model.resolve(cfg.model, cfg.cache_dir)
+    folder = shutil.copytree(source.tokenizer_dir, tmp_path / "tokenizer")
+    mine = dataclasses.replace(source, tokenizer_dir=folder)
+    before = model._read_tokenizer.cache_info().misses
+    first = model.load_tokenizer(mine)
+    first.padding_side = "right"  # a caller's change stays with its copy
+    second = model.load_tokenizer(mine)
+    assert second is not first and second.padding_side == "left" and second.pad_token is not None
+    assert second("a test sentence")["input_ids"] == first("a test sentence")["input_ids"]
+    assert model._read_tokenizer.cache_info().misses == before + 1  # read once
+    some = next(f for f in sorted(folder.iterdir()) if f.is_file())
+    os.utime(some, ns=(some.stat().st_atime_ns, some.stat().st_mtime_ns + 10**9))  # the folder changed: read again
+    model.load_tokenizer(mine)
+    assert model._read_tokenizer.cache_info().misses == before + 2
