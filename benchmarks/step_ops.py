@@ -87,10 +87,10 @@ def main() -> None:
     print(f"{speed.cpu_name()}, {torch.get_num_threads()} threads, {torch.backends.cpu.get_cpu_capability()}, "
           f"{model.compute_dtype_name(cfg.quant.compute_dtype)}; {a.steps} steps of batch {a.batch} x {a.seq} "
           f"after {a.warmup}")
-    print(f"a step: {wall:.3f} s timed, {in_ops:.3f} s in ops\n")
+    print(f"a step: {wall:.4f} s timed, {in_ops:.4f} s in ops\n")
     print("| op | ms a step | share of the ops | calls a step |\n|---|---:|---:|---:|")
     for name, (calls, s) in sorted(timer.ops.items(), key=lambda kv: -kv[1][1])[:a.top]:
-        print(f"| `{name}` | {1e3 * s / a.steps:.1f} | {s / a.steps / in_ops:.1%} | {calls // a.steps} |")
+        print(f"| `{name}` | {1e3 * s / a.steps:.2f} | {s / a.steps / in_ops:.1%} | {calls // a.steps} |")
 
 
 if __name__ == "__main__":

@@ -30,12 +30,13 @@ def test_step_ops_times_every_op_of_a_real_step():
     assert out.returncode == 0, out.stderr
     rows = re.findall(r"^\| `([^`]+)` \| ([\d.]+) \| ([\d.]+)% \| (\d+) \|$", out.stdout, re.M)
     ops = {name: (float(ms), float(share), int(calls)) for name, ms, share, calls in rows}
-    assert sum(share for _, share, _ in ops.values()) == pytest.approx(100, abs=0.5)  # every op, each once
+    timed, in_ops = map(float, re.search(r"a step: ([\d.]+) s timed, ([\d.]+) s in ops", out.stdout).groups())
+    assert 0 < in_ops <= timed
+    # every op, each once: the rows add up to the time in ops, within the printed rounding (0.005 ms a row)
+    assert sum(ms for ms, _, _ in ops.values()) == pytest.approx(1e3 * in_ops, abs=0.05 + 0.005 * len(ops))
     assert ops["aten._scaled_dot_product_flash_attention_for_cpu_backward"][2] == 4  # tiny_llama: 4 layers
     assert ops["aten.random_"][2] == 4 * 7  # one fast dropout mask per adapted projection
     assert any(re.fullmatch(r"aten\.mm \[\d+, \d+\] x \[\d+, \d+\]", name) for name in ops)  # matmuls by shape
-    timed, in_ops = map(float, re.search(r"a step: ([\d.]+) s timed, ([\d.]+) s in ops", out.stdout).groups())
-    assert 0 < in_ops <= timed
 
 
 def test_step_ops_bad_input_exits_2_with_one_line():
