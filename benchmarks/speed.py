@@ -72,6 +72,7 @@ def run_qft(a, t0: float, out: dict) -> None:
                test_accuracy=rec["final_accuracy"]["test"], final_loss=rec["loss_curve"][-1][1],
                peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                steady_tokens_per_second=steady(rec["train_tokens"], ends))
+    train.freeze_survivors()  # what qft's task function does between a sweep's runs
     marks["probe"], t1 = True, time.time()
     try:
         run.run(compose(a), Path(a.workdir + "-next"))

@@ -20,6 +20,7 @@ STARTED: list = []  # set once Hydra hands over: an OSError before that is Hydra
 @hydra.main(config_path=CONF, config_name="config", version_base="1.3")
 def main(cfg) -> float | None:
     from qft.run import run
+    from qft.train import freeze_survivors
 
     STARTED.append(True)
     hc = HydraConfig.get()
@@ -27,17 +28,20 @@ def main(cfg) -> float | None:
     sweeping = hc.mode == RunMode.MULTIRUN
     if sweeping:
         pin_gpu(hc.job.num, os.environ)
+    rec = None
     try:
         rec = run(cfg, run_dir)
     except QftError as e:
         print(f"qft: error: {e}", file=sys.stderr)
-        if sweeping:  # recorded as failed; the other runs of the sweep go on
-            return None
-        sys.exit(2)
+        if not sweeping:  # in a sweep it is recorded as failed, and the other runs go on
+            sys.exit(2)
     except Exception as e:  # noqa: BLE001 - a sweep outlives one run's crash, which its record holds
         if not sweeping:
             raise
         print(f"qft: run {run_dir} failed: {type(e).__name__}: {e}", file=sys.stderr)
+    if sweeping:  # after the except clauses: a caught exception's traceback no longer holds the run's frames
+        freeze_survivors()
+    if rec is None:
         return None
     if os.environ.get("RANK", "0") != "0":  # a pipeline stage other than the first: rank 0 scores and reports
         return None

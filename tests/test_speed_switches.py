@@ -294,3 +294,42 @@ def test_tokenizer_is_read_once_per_folder_state_and_handed_out_as_a_copy(tmp_pa
     os.utime(some, ns=(some.stat().st_atime_ns, some.stat().st_mtime_ns + 10**9))  # the folder changed: read again
     model.load_tokenizer(mine)
     assert model._read_tokenizer.cache_info().misses == before + 2
+
+
+def test_a_sweep_freezes_what_survives_a_run_and_collects_its_cycles_first(tmp_path, monkeypatch):
+    """Hydra's basic launcher runs a sweep's jobs in this process: between them qft collects, then freezes, so a
+    full collection no longer walks the imported stack. A finished run is not frozen: its reference cycles (here
+    one held by a failed run's frame) are collected first, and the next run's objects stay collectable."""
+    import gc
+    import sys
+    import weakref
+
+    from qft import __main__ as cli
+    from qft import run as run_module
+
+    class Cycle:
+        def __init__(self):
+            self.me = self
+
+    seen = []
+
+    def fake_run(cfg, run_dir):
+        seen.append((gc.get_freeze_count(), [r() is None for r in refs]))
+        big = Cycle()
+        refs.append(weakref.ref(big))
+        if len(seen) == 1:
+            raise RuntimeError("a crash, its frame holding a cycle")  # a sweep records it and goes on
+        return {"status": "ok", "final_accuracy": {"val": 0.5}}
+
+    refs: list = []
+    monkeypatch.setattr(run_module, "run", fake_run)
+    monkeypatch.setattr(sys, "argv", ["qft", "--multirun", "+experiment=smoke", f"hydra.sweep.dir={tmp_path}"])
+    gc.unfreeze()
+    try:
+        cli.main()
+        assert len(seen) == 4  # the smoke grid
+        assert seen[0][0] == 0 and all(frozen > 0 for frozen, _ in seen[1:])
+        assert all(all(dead) for _, dead in seen)  # each earlier run's cycle was collected, none frozen
+        assert len(refs) == 4 and all(r() is None for r in refs)  # the last one's too, after the sweep
+    finally:
+        gc.unfreeze()
