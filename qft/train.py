@@ -76,8 +76,8 @@ def freeze_survivors() -> int:
     reference cycles, then put every object still alive out of the garbage collector's sight (`gc.freeze`).
 
     Once torch, transformers, peft and bitsandbytes are imported a process holds about 500k tracked objects, and
-    every full collection walks them all: 0.2-0.4 s, which fell inside the start-up of a later run in 4 of 10
-    (benchmarks/README.md). Only what is alive now is frozen (the imported stack, above all), after the collection, so no finished
+    every full collection walks them all: 0.2-0.4 s, which fell inside the start-up of half the later runs
+    measured (benchmarks/README.md). Only what is alive now is frozen (the imported stack, above all), after the collection, so no finished
     run is kept; what the next run makes is collected as usual. Changes no number. Returns the frozen count.
     """
     gc.collect()
