@@ -77,8 +77,9 @@ def freeze_survivors() -> int:
 
     Once torch, transformers, peft and bitsandbytes are imported a process holds about 500k tracked objects, and
     every full collection walks them all: 0.2-0.4 s, which fell inside the start-up of half the later runs
-    measured (benchmarks/README.md). Only what is alive now is frozen (the imported stack, above all), after the collection, so no finished
-    run is kept; what the next run makes is collected as usual. Changes no number. Returns the frozen count.
+    measured (benchmarks/README.md). Only what is alive after the collection is frozen (the imported stack, above
+    all), so no finished run is kept; what the next run makes is collected as usual. Changes no number. Returns
+    the frozen count.
     """
     gc.collect()
     gc.freeze()
