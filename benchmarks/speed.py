@@ -72,8 +72,10 @@ def run_qft(a, t0: float, out: dict) -> None:
                test_accuracy=rec["final_accuracy"]["test"], final_loss=rec["loss_curve"][-1][1],
                peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                steady_tokens_per_second=steady(rec["train_tokens"], ends))
-    train.freeze_survivors()  # what qft's task function does between a sweep's runs
+    t_freeze = time.time()
+    train.freeze_survivors()  # what qft's task function does between a sweep's runs; timed apart
     marks["probe"], t1 = True, time.time()
+    out["sweep_freeze_seconds"] = t1 - t_freeze
     try:
         run.run(compose(a), Path(a.workdir + "-next"))
     except _Started:
@@ -275,6 +277,7 @@ def main() -> None:
             "final_loss")
     summary = {k: {"qft": med("qft", k), "baseline": med("baseline", k)} for k in keys}
     summary["qft_sweep_startup_seconds"] = med("qft", "sweep_startup_seconds")
+    summary["qft_sweep_freeze_seconds"] = med("qft", "sweep_freeze_seconds")  # once, after a process's first run
     for k in keys:
         summary[k]["ratio_qft_over_baseline"] = summary[k]["qft"] / summary[k]["baseline"]
         if a.unfused:

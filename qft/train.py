@@ -75,11 +75,12 @@ def freeze_survivors() -> int:
     """Between a sweep's runs (Hydra's basic launcher runs them in one process): collect the finished run's
     reference cycles, then put every object still alive out of the garbage collector's sight (`gc.freeze`).
 
-    Once torch, transformers, peft and bitsandbytes are imported a process holds about 500k tracked objects, and
-    every full collection walks them all: 0.2-0.4 s, which fell inside the start-up of half the later runs
-    measured (benchmarks/README.md). Only what is alive after the collection is frozen (the imported stack, above
-    all), so no finished run is kept; what the next run makes is collected as usual. Changes no number. Returns
-    the frozen count.
+    Once torch, transformers, peft and bitsandbytes are imported a process holds about 530k tracked objects, and
+    every full collection walks them all: 0.2-0.45 s, which fell inside the start-up of half the later runs
+    measured (benchmarks/README.md). Only what is alive after the collection is frozen: the imported stack above
+    all, no finished run's model; but also the config Hydra holds for the job just done (about 2k objects, 0.25 MB),
+    which is then never collected. What the next run makes is collected as usual. Changes no number. Not for jobs
+    that run as threads of one process (one would freeze another's live model). Returns the frozen count.
     """
     gc.collect()
     gc.freeze()

@@ -296,22 +296,23 @@ def test_tokenizer_is_read_once_per_folder_state_and_handed_out_as_a_copy(tmp_pa
     assert model._read_tokenizer.cache_info().misses == before + 2
 
 
-def test_a_sweep_freezes_what_survives_a_run_and_collects_its_cycles_first(tmp_path, monkeypatch):
-    """Hydra's basic launcher runs a sweep's jobs in this process: between them qft collects, then freezes, so a
-    full collection no longer walks the imported stack. A finished run is not frozen: its reference cycles (here
-    one held by a failed run's frame) are collected first, and the next run's objects stay collectable."""
+def sweep_in_process(tmp_path, monkeypatch, *overrides) -> tuple[list, list]:
+    """A 4-job smoke multirun through `qft.__main__.main` in this process, each job a fake run that makes a reference
+    cycle (job 1 crashes, job 2 fails with a QftError, both with the cycle in their frames). Returns, per job, the
+    frozen count when it started and which earlier cycles were collected by then; and the cycles' weak references."""
     import gc
     import sys
     import weakref
 
     from qft import __main__ as cli
     from qft import run as run_module
+    from qft.errors import QftError
 
     class Cycle:
         def __init__(self):
             self.me = self
 
-    seen = []
+    seen, refs = [], []
 
     def fake_run(cfg, run_dir):
         seen.append((gc.get_freeze_count(), [r() is None for r in refs]))
@@ -319,17 +320,37 @@ def test_a_sweep_freezes_what_survives_a_run_and_collects_its_cycles_first(tmp_p
         refs.append(weakref.ref(big))
         if len(seen) == 1:
             raise RuntimeError("a crash, its frame holding a cycle")  # a sweep records it and goes on
+        if len(seen) == 2:
+            raise QftError("adapter.attn.r", -1, "allowed: 0 or more")
         return {"status": "ok", "final_accuracy": {"val": 0.5}}
 
-    refs: list = []
     monkeypatch.setattr(run_module, "run", fake_run)
-    monkeypatch.setattr(sys, "argv", ["qft", "--multirun", "+experiment=smoke", f"hydra.sweep.dir={tmp_path}"])
+    monkeypatch.setattr(cli, "STARTED", [])
+    monkeypatch.setattr(cli, "pin_gpu", lambda *a: None)
+    monkeypatch.setattr(sys, "argv", ["qft", "--multirun", "+experiment=smoke", f"hydra.sweep.dir={tmp_path}",
+                                      "hydra/job_logging=none", "hydra/hydra_logging=none", *overrides])
     gc.unfreeze()
     try:
         cli.main()
-        assert len(seen) == 4  # the smoke grid
-        assert seen[0][0] == 0 and all(frozen > 0 for frozen, _ in seen[1:])
-        assert all(all(dead) for _, dead in seen)  # each earlier run's cycle was collected, none frozen
-        assert len(refs) == 4 and all(r() is None for r in refs)  # the last one's too, after the sweep
+        return seen, [r() is None for r in refs]
     finally:
         gc.unfreeze()
+
+
+def test_a_sweep_freezes_what_survives_a_run_and_collects_its_cycles_first(tmp_path, monkeypatch):
+    """Hydra's basic launcher runs a sweep's jobs in this process: between them qft collects, then freezes, so a
+    full collection no longer walks the imported stack. A finished run is not frozen: its reference cycles (here
+    held by a crashed and a failed run's frames) are collected first, and the next run's objects stay collectable."""
+    seen, dead_after = sweep_in_process(tmp_path, monkeypatch)
+    assert len(seen) == 4  # the smoke grid
+    assert seen[0][0] == 0 and all(frozen > 0 for frozen, _ in seen[1:])
+    assert all(all(dead) for _, dead in seen)  # each earlier run's cycle was collected, none frozen
+    assert len(dead_after) == 4 and all(dead_after)  # the last one's too, after the sweep
+
+
+def test_a_sweep_whose_jobs_are_threads_freezes_nothing(tmp_path, monkeypatch):
+    """joblib's threading backend runs jobs as threads of one process, side by side when n_jobs > 1: a freeze there
+    could catch another job's live model, so qft reads the launcher's config and does not freeze."""
+    seen, _ = sweep_in_process(tmp_path, monkeypatch, "hydra/launcher=parallel", "hydra.launcher.backend=threading",
+                               "hydra.launcher.n_jobs=1")
+    assert len(seen) == 4 and all(frozen == 0 for frozen, _ in seen)
