@@ -13,6 +13,12 @@ from hydra.types import RunMode
 from qft.config import CONF
 from qft.errors import QftError
 
+# Models and data come from local folders (DESIGN), so qft's processes keep the Hugging Face stack offline. It
+# matters at import: on AVX512-BF16 CPUs bitsandbytes fetches a CPU kernel from the Hub then, one qft never calls
+# (qft/quant/bnb4.py keeps bitsandbytes' training layout). Set before huggingface_hub is imported, which reads it
+# once; an explicit HF_HUB_OFFLINE=0 is left as the user set it.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
 
 STARTED: list = []  # set once Hydra hands over: an OSError before that is Hydra's, making the output folder
 

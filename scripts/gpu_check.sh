@@ -16,5 +16,5 @@ if ! "$PY" -c "import bitsandbytes, hydra, omegaconf" 2>/dev/null; then
     exit 2
   fi
 fi
-export PYTHONUNBUFFERED=1 QFT_PROGRESS=0
+export PYTHONUNBUFFERED=1 QFT_PROGRESS=0 HF_HUB_OFFLINE=1  # the machine reaches nothing outside: no Hub lookups at import
 exec timeout 600 "$PY" scripts/gpu_check.py

@@ -21,6 +21,8 @@ from omegaconf import OmegaConf
 from qft import config, data, evaluate, model, record, run
 from qft.errors import QftError, fail
 
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # offline, as `python -m qft` (qft/__main__.py says why)
+
 
 def load(run_dir: Path):
     """The run's model (quantized base + its trained adapter), tokenizer, config and label words, for scoring."""
