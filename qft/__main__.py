@@ -10,7 +10,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
-from qft.config import CONF
+from qft.config import CONF, one_line
 from qft.errors import QftError
 
 # Models and data come from local folders (DESIGN), so qft's processes keep the Hugging Face stack offline. It
@@ -103,8 +103,7 @@ def cli() -> None:
     try:
         main()
     except (HydraException, OmegaConfBaseException) as e:
-        text = str(e).split("Config search path")[0]  # Hydra appends its search path: noise here
-        print("qft: error: " + " ".join(line.strip() for line in text.splitlines() if line.strip()), file=sys.stderr)
+        print(f"qft: error: {one_line(e)}", file=sys.stderr)
         sys.exit(2)
     except OSError as e:
         if STARTED:

@@ -1,4 +1,5 @@
-"""The config's home: where the Hydra tree lives, how a CLI composes it, and which device it names.
+"""The config's home: where the Hydra tree lives, which keys it declares, how a CLI composes it (and words
+Hydra's errors), and which device it names.
 
 It imports no config group's module, so every module (the group modules' own CLIs included) can import it;
 checking the whole config is qft.validate's.
@@ -6,12 +7,79 @@ checking the whole config is qft.validate's.
 
 from __future__ import annotations
 
+import functools
+import re
+from collections import defaultdict
 from pathlib import Path
 
 from qft.errors import QftError
 
 DEVICES = ("auto", "cpu", "cuda")
 CONF = str(Path(__file__).resolve().parent.parent / "conf")  # the Hydra config tree: every default lives there
+# maps whose keys the user names: transformers config fields, dataset labels, projections and depth groups (the
+# last two checked by qft.layers.check_spec)
+OPEN = ("model.arch", "data.label_words", "adapter.projections", "adapter.depth_groups", "quant.projections",
+        "quant.depth_groups")
+
+
+@functools.cache
+def declared() -> dict[str, frozenset]:
+    """The keys the tree declares under each path ('' is the top), over every preset of every group.
+
+    Hydra refuses a key the chosen presets lack unless it is appended with `+`; this is what makes an appended
+    typo (`+train.stpes=5`) an error rather than a run on the defaults."""
+    import yaml
+
+    out = defaultdict(set)
+
+    def walk(path: str, node: dict) -> None:
+        for key, value in node.items():
+            out[path].add(key)
+            sub = f"{path}.{key}" if path else key
+            if isinstance(value, dict) and sub not in OPEN:
+                walk(sub, value)
+
+    for f in sorted(Path(CONF).rglob("*.yaml")):
+        group = f.relative_to(CONF).parts[:-1]
+        if group[:1] == ("hydra",):
+            continue
+        text = f.read_text()
+        node = yaml.safe_load(text) or {}
+        node = {k: v for k, v in node.items() if k not in ("defaults", "hydra")}
+        if "@package _global_" not in text.split("\n", 1)[0]:
+            for part in reversed(group):  # a group's file is its package: conf/train/gpu.yaml -> train
+                node = {part: node}
+        walk("", node)
+    return {k: frozenset(v) for k, v in out.items()}
+
+
+def check_keys(cfg, path: str = "") -> None:
+    """Every key of the composed config is one the tree declares where it stands."""
+    from omegaconf import DictConfig
+
+    allowed = declared()[path]
+    for key, value in cfg.items_ex(resolve=False):
+        where = f"{path}.{key}" if path else str(key)
+        if key not in allowed:
+            raise QftError(where, value, f"unknown key; allowed under {path or 'the top level'}: "
+                                         f"{', '.join(sorted(allowed))}")
+        if isinstance(value, DictConfig) and where in declared():
+            check_keys(value, where)
+
+
+def one_line(e: Exception) -> str:
+    """Hydra's override error as one line; an unknown key names the keys allowed where it was put."""
+    text = " ".join(str(e).split("Config search path")[0].split())  # Hydra appends its search path: noise here
+    m = re.match(r"Could not override '([^']+)'", text)
+    path = ""
+    for part in m.group(1).split(".") if m else []:
+        allowed = declared().get(path)
+        if path in OPEN or allowed is None:
+            break
+        if part not in allowed:
+            return f"{m.group(1)}: unknown key; allowed under {path or 'the top level'}: {', '.join(sorted(allowed))}"
+        path = f"{path}.{part}" if path else part
+    return text  # a key the tree declares, absent from the chosen presets: Hydra's advice to append it holds
 
 
 def device(cfg, planning: bool = False) -> str:
@@ -36,5 +104,5 @@ def compose(argv, prog: str):
         try:
             return hydra_compose("config", overrides=list(sys.argv[1:] if argv is None else argv))
         except Exception as e:  # noqa: BLE001 - Hydra's override errors, as one line
-            print(f"{prog}: error: {' '.join(str(e).split())}", file=sys.stderr)
+            print(f"{prog}: error: {one_line(e)}", file=sys.stderr)
             return None

@@ -8,7 +8,7 @@ depth is known (from its config, before any weight is read).
 from __future__ import annotations
 
 from qft import adapter, budget, data, evaluate, logger, offload, quant, train
-from qft.config import device
+from qft.config import check_keys, device
 from qft.errors import QftError
 
 
@@ -17,6 +17,7 @@ def validate(cfg, depth: int | None = None, planning: bool = False, files: bool 
     another machine) leaves out the checks that read local data and benchmark files."""
     from omegaconf import OmegaConf
 
+    check_keys(cfg)
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         raise QftError(missing[0], "???", "required: set it on the command line")

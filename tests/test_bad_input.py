@@ -50,6 +50,13 @@ CASES = [
     ("offload.device_budget_gb=-4", "offload.device_budget_gb"),
     ("budget.params=-5", "budget.params"),
     ("model.source=hub", "model.source"),
+    # appended keys the tree declares nowhere: Hydra takes them, so qft refuses them (a typo would run the defaults)
+    ("+train.stpes=5", "train.stpes"),
+    ("+data.foo=1", "data.foo"),
+    ("+model.tokenizer.revision=main", "model.tokenizer.revision"),
+    ("+offload.stage=2", "offload.stage"),
+    ("+budget.param=5000", "budget.param"),
+    ("+seeds=3", "seeds"),
 ]
 
 
@@ -119,13 +126,45 @@ def test_cli_bad_data_path_exits_2(tmp_path):
     assert res.stderr.strip().splitlines()[-1].startswith("qft: error: data.path='/no/such.csv'")
 
 
-@pytest.mark.parametrize("args,needle", [(["model=gpt5"], "Could not find 'model/gpt5'"),
-                                         (["adapter.attn.rnk=4"], "adapter.attn.rnk")])
+@pytest.mark.parametrize("args,needle", [
+    (["model=gpt5"], "Could not find 'model/gpt5'"),
+    (["adapter.attn.rnk=4"], "adapter.attn.rnk: unknown key; allowed under adapter.attn: alpha, r"),
+    (["train.stpes=5"], "train.stpes: unknown key; allowed under train: batch_size, "),
+    (["trian.steps=5"], "trian.steps: unknown key; allowed under the top level: adapter, budget, "),
+    (["model.tokenizer.revison=main"], "model.tokenizer.revison: unknown key; allowed under model.tokenizer: file, "),
+])
 def test_cli_hydra_errors_exit_2_with_one_line(tmp_path, args, needle):
     res = cli(*args, cwd=tmp_path)
     assert res.returncode == 2
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("qft: error: ") and needle in lines[0]
+    assert "+" not in lines[0]  # not Hydra's advice to append the key, which would now be refused too
+
+
+def test_every_preset_and_experiment_composes_to_declared_keys():
+    """The declared keys are read from the YAML files themselves; composing each preset through Hydra checks that
+    reading (packages, defaults lists) against Hydra's own."""
+    from hydra import compose, initialize_config_dir
+
+    from qft import config
+
+    chosen = (Path(config.CONF) / "config.yaml").read_text()  # groups its defaults list names are set, others added
+    choices = [f"{'' if f'- {g.name}:' in chosen else '+'}{g.name}={f.stem}" for g in Path(config.CONF).iterdir()
+               if g.is_dir() and g.name not in ("hydra", "experiment") for f in g.glob("*.yaml")]
+    choices += [f"+experiment={f.stem}" for f in (Path(config.CONF) / "experiment").glob("[!_]*.yaml")]
+    assert len(choices) > 40
+    with initialize_config_dir(config.CONF, version_base="1.3"):
+        for choice in choices:
+            config.check_keys(compose("config", overrides=[choice]))
+
+
+def test_user_named_maps_stay_open(tmp_path):
+    """Transformers config fields of a random model and dataset labels are the user's to name."""
+    from qft import config
+
+    cfg = make_cfg(*TINY_DATA, "+model.arch.rope_theta=50000.0", "data.label_words={business:money}")
+    config.check_keys(cfg)
+    assert cfg.model.arch.rope_theta == 50000.0 and cfg.data.label_words.business == "money"
 
 
 def _rows(n=30):
