@@ -187,8 +187,9 @@ def _train_and_score(cfg, run_dir: Path, config_hash: str, task, tokenizer, buil
     out["examples"] = record.write_examples(run_dir, examples, task.label_words)
     if adapted:
         net.save_pretrained(run_dir / "adapter", safe_serialization=True)
-        shutil.rmtree(run_dir / "checkpoint", ignore_errors=True)  # the finished adapter supersedes it
     out.update(evaluate.benchmarks(cfg, net, tokenizer, dtype))  # evaluate=mmlu: {"mmlu": {...}}; else nothing
+    # the finished run supersedes it; kept until the benchmarks are done, so a run they fail resumes from it
+    shutil.rmtree(run_dir / "checkpoint", ignore_errors=True)
     out.update(status="ok", adapter_dir=str(run_dir / "adapter") if adapted else None,
                memory=record.peak_memory(device))
     return out

@@ -97,6 +97,25 @@ def test_resume_continues_a_killed_run_to_the_same_result(tmp_path, monkeypatch)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_a_run_its_benchmark_fails_keeps_its_checkpoint_and_resumes(tmp_path, monkeypatch):
+    """The checkpoint outlives training until the benchmarks after it are done: an MMLU failure after hours of
+    training costs the steps since the last checkpoint, not the run."""
+    straight = run.run(make_cfg(*RUN), tmp_path / "a")
+    assert not (tmp_path / "a" / "checkpoint").exists()
+
+    def fails(*args):
+        raise RuntimeError("the benchmark broke")
+
+    monkeypatch.setattr(evaluate, "benchmarks", fails)
+    with pytest.raises(RuntimeError):
+        run.run(make_cfg(*RUN), tmp_path / "b")
+    assert record.read(tmp_path / "b")["status"] == "failed" and (tmp_path / "b" / "checkpoint").is_dir()
+    monkeypatch.undo()
+    resumed = run.run(make_cfg(*RUN, "train.resume=true"), tmp_path / "b")
+    assert resumed["status"] == "ok" and resumed["loss_curve"] == straight["loss_curve"]
+    assert not (tmp_path / "b" / "checkpoint").exists()
+
+
 def test_record_is_complete(tmp_path):
     rec = run.run(make_cfg(*RUN), tmp_path)
     assert record.read(tmp_path) == rec
