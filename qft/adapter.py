@@ -24,7 +24,8 @@ DROPOUT_MASKS = ("torch", "fast")
 
 def check(cfg, depth: int | None = None) -> None:
     L.check_spec(cfg, "adapter", FIELDS, depth, other_keys=("dropout", "use_rslora", "dropout_mask", "shared_dropout"))
-    if not 0 <= cfg.dropout < 1:
+    number("adapter.dropout", cfg.dropout, at_least=0, what="a number in [0, 1)")
+    if not cfg.dropout < 1:
         raise QftError("adapter.dropout", cfg.dropout, "a number in [0, 1)")
     boolean("adapter.use_rslora", cfg.use_rslora)
     boolean("adapter.shared_dropout", cfg.get("shared_dropout", False))

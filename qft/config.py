@@ -16,28 +16,47 @@ from qft.errors import QftError
 
 DEVICES = ("auto", "cpu", "cuda")
 CONF = str(Path(__file__).resolve().parent.parent / "conf")  # the Hydra config tree: every default lives there
-# maps whose keys the user names: transformers config fields, dataset labels, projections and depth groups (the
-# last two checked by qft.layers.check_spec)
+# maps whose keys the user names: transformers config fields (transformers takes any, and maps old names), dataset labels,
+# projections and depth groups (checked by qft.layers.check_spec), and an experiment's sweep grid
 OPEN = ("model.arch", "data.label_words", "adapter.projections", "adapter.depth_groups", "quant.projections",
-        "quant.depth_groups")
+        "quant.depth_groups", "grid")
+HEADER = re.compile(r"#\s*@package\s+(\S+)")
 
 
-@functools.cache
+def _package(text: str) -> str:
+    """A config file's package, from the `# @package` line of its leading comments, as Hydra reads it."""
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            break
+        m = HEADER.match(line)
+        if m:
+            return m.group(1)
+    return "_group_"  # Hydra's default: a group's file is its package (conf/train/gpu.yaml -> train)
+
+
 def declared() -> dict[str, frozenset]:
     """The keys the tree declares under each path ('' is the top), over every preset of every group.
 
     Hydra refuses a key the chosen presets lack unless it is appended with `+`; this is what makes an appended
     typo (`+train.stpes=5`) an error rather than a run on the defaults."""
+    return _tree()[0]
+
+
+@functools.cache
+def _tree() -> tuple[dict[str, frozenset], dict[str, list[str]]]:
+    """declared(), and the presets that declare each dotted key (`logger.dir` -> [`logger=tensorboard`])."""
     import yaml
 
-    out = defaultdict(set)
+    out, origin = defaultdict(set), defaultdict(list)
 
-    def walk(path: str, node: dict) -> None:
+    def walk(path: str, node: dict, preset: str) -> None:
         for key, value in node.items():
             out[path].add(key)
             sub = f"{path}.{key}" if path else key
+            origin[sub].append(preset)
             if isinstance(value, dict) and sub not in OPEN:
-                walk(sub, value)
+                walk(sub, value, preset)
 
     for f in sorted(Path(CONF).rglob("*.yaml")):
         group = f.relative_to(CONF).parts[:-1]
@@ -46,11 +65,13 @@ def declared() -> dict[str, frozenset]:
         text = f.read_text()
         node = yaml.safe_load(text) or {}
         node = {k: v for k, v in node.items() if k not in ("defaults", "hydra")}
-        if "@package _global_" not in text.split("\n", 1)[0]:
-            for part in reversed(group):  # a group's file is its package: conf/train/gpu.yaml -> train
-                node = {part: node}
-        walk("", node)
-    return {k: frozenset(v) for k, v in out.items()}
+        package = _package(text)
+        path = () if package == "_global_" else group if package == "_group_" else tuple(package.split("."))
+        for part in reversed(path):
+            node = {part: node}
+        preset = f"{'+' if group == ('experiment',) else ''}{'/'.join(group)}={f.stem}" if group else "config.yaml"
+        walk("", node, preset)
+    return {k: frozenset(v) for k, v in out.items()}, dict(origin)
 
 
 def check_keys(cfg, path: str = "") -> None:
@@ -71,15 +92,21 @@ def one_line(e: Exception) -> str:
     """Hydra's override error as one line; an unknown key names the keys allowed where it was put."""
     text = " ".join(str(e).split("Config search path")[0].split())  # Hydra appends its search path: noise here
     m = re.match(r"Could not override '([^']+)'", text)
+    parts = m.group(1).split(".") if m else []
+    if parts[:1] == ["hydra"] or (len(parts) == 1 and (Path(CONF) / parts[0]).is_dir()):
+        return text  # Hydra's own settings, or a config group not chosen by default (scale=...): Hydra's advice holds
     path = ""
-    for part in m.group(1).split(".") if m else []:
+    for part in parts:
         allowed = declared().get(path)
         if path in OPEN or allowed is None:
             break
         if part not in allowed:
             return f"{m.group(1)}: unknown key; allowed under {path or 'the top level'}: {', '.join(sorted(allowed))}"
         path = f"{path}.{part}" if path else part
-    return text  # a key the tree declares, absent from the chosen presets: Hydra's advice to append it holds
+    if m:  # a key the tree declares, absent from the chosen presets: appending it would change nothing
+        presets = sorted(set(_tree()[1].get(m.group(1), [])))
+        return f"{m.group(1)}: not a key of the chosen presets; it is one of {', '.join(presets)}"
+    return text
 
 
 def device(cfg, planning: bool = False) -> str:
@@ -102,7 +129,13 @@ def compose(argv, prog: str):
 
     with initialize_config_dir(CONF, version_base="1.3"):
         try:
-            return hydra_compose("config", overrides=list(sys.argv[1:] if argv is None else argv))
+            cfg = hydra_compose("config", overrides=list(sys.argv[1:] if argv is None else argv))
         except Exception as e:  # noqa: BLE001 - Hydra's override errors, as one line
             print(f"{prog}: error: {one_line(e)}", file=sys.stderr)
             return None
+    try:
+        check_keys(cfg)
+    except QftError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return None
+    return cfg

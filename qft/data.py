@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from qft import atomic
-from qft.errors import QftError, integer, one_of
+from qft.errors import QftError, integer, mapping, one_of, text
 
 SPLITS = ("train", "val", "test")
 PLACEHOLDER = "\uE000TEXT\uE000"
@@ -157,6 +157,9 @@ FORMAT = 2
 def check(cfg, files: bool = True) -> None:
     one_of("data.source", cfg.source, SOURCES)
     one_of("data.task", cfg.task, TASKS)
+    if cfg.source != "local" and cfg.get("path"):
+        raise QftError("data.path", cfg.path, f"read only from a local file (data=local); data.source={cfg.source} "
+                                              "ships its own data")
     if cfg.source == "local" and not cfg.path:
         raise QftError("data.path", cfg.path, "an existing .csv, .tsv, .json or .jsonl file")
     if files and cfg.source == "local" and not (cfg.path and Path(os.path.expanduser(str(cfg.path))).is_file()):
@@ -168,6 +171,14 @@ def check(cfg, files: bool = True) -> None:
     integer("data.max_length", cfg.max_length, 8)
     one_of("data.stratify", cfg.get("stratify", "balanced"), STRATIFY)
     integer("data.split_seed", cfg.split_seed)
+    integer("data.min_text_tokens", cfg.get("min_text_tokens", 1), 1)
+    mapping("data.label_words", cfg.get("label_words"), "a map of dataset label -> answer word", null=True)
+    text("data.instruction", cfg.get("instruction"), "a string, where {labels} stands for the label words", null=True)
+    try:
+        (cfg.get("instruction") or "").format(labels="a, b")
+    except (KeyError, IndexError, ValueError) as e:
+        raise QftError("data.instruction", cfg.instruction, "{labels} is its one placeholder (write {{ and }} for "
+                                                            f"braces): {type(e).__name__} {e}") from None
 
 
 # --------------------------------------------------------------------------- splits

@@ -4,6 +4,9 @@ The CLI turns it into one line on stderr and exit status 2; every other exceptio
 its traceback.
 """
 
+import math
+from collections.abc import Mapping, Sequence
+
 
 class QftError(Exception):
     """A user-fixable problem, named by the config key it concerns."""
@@ -33,19 +36,38 @@ def integer(key: str, value, low: int | None = None, high: int | None = None, wh
 
 
 def number(key: str, value, above: float | None = None, at_least: float | None = None, what: str | None = None,
-           null: bool = False) -> None:
-    """A real number (not a bool) > `above` or >= `at_least`; `null` also allows None."""
+           null: bool = False, infinite: bool = False) -> None:
+    """A finite real number (not a bool) > `above` or >= `at_least`; `null` also allows None, `infinite` +inf (a
+    limit, such as the simulator's infinite bandwidth)."""
     if null and value is None:
         return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (above is not None and not value > above) \
-            or (at_least is not None and not value >= at_least):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) \
+            or (math.isinf(value) and not (infinite and value > 0)) \
+            or (above is not None and not value > above) or (at_least is not None and not value >= at_least):
         bound = f" > {above}" if above is not None else f" >= {at_least}" if at_least is not None else ""
-        raise QftError(key, value, what or f"a number{bound}" + (", or null" if null else ""))
+        raise QftError(key, value, what or f"a finite number{bound}" + (", or null" if null else ""))
 
 
 def boolean(key: str, value) -> None:
+    """true or false, never a string: Hydra reads `no` as the text 'no', which Python takes for true."""
     if not isinstance(value, bool):
         raise QftError(key, value, "true or false")
+
+
+def text(key: str, value, what: str = "a non-empty string", null: bool = False) -> None:
+    if not (null and value is None) and not (isinstance(value, str) and value.strip()):
+        raise QftError(key, value, what + (", or null" if null else ""))
+
+
+def mapping(key: str, value, what: str, null: bool = False) -> None:
+    if not (null and value is None) and not isinstance(value, Mapping):
+        raise QftError(key, value, what + (", or null" if null else ""))
+
+
+def listing(key: str, value, what: str) -> None:
+    """A list (OmegaConf's ListConfig included), not a string, which would be walked letter by letter."""
+    if isinstance(value, str) or not isinstance(value, Sequence):
+        raise QftError(key, value, what)
 
 
 def fail(prog: str, e: QftError) -> int:

@@ -21,6 +21,7 @@ import math
 import os
 import shutil
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -148,6 +149,8 @@ def _selected(cfg) -> tuple[Path, list[str]]:
                        + MMLU_LAYOUT)
     if cfg.subjects is None:
         return folder, found
+    if not isinstance(cfg.subjects, (str, Sequence)):
+        raise QftError("evaluate.subjects", cfg.subjects, "a subject, a list of subjects, or null (all)")
     subjects = list(cfg.subjects) if not isinstance(cfg.subjects, str) else [cfg.subjects]
     missing = [s for s in subjects if s not in found]
     if not subjects or missing:

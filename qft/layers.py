@@ -12,11 +12,12 @@ name rather than served in part.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from torch import nn
 
-from qft.errors import QftError
+from qft.errors import QftError, listing, mapping
 
 _ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
 _MLP = ("gate_proj", "up_proj", "down_proj")
@@ -126,12 +127,17 @@ def check_spec(spec, group: str, fields: dict, depth: int | None = None, other_k
     `other_keys` are the group's own settings, checked by its module.
     """
     allowed = (*LAYER_TYPES, "projections", "depth_groups", *other_keys)
+    settings = f"a map of settings ({', '.join(fields)})"
     for key in spec:
         if key not in allowed:
             raise QftError(f"{group}.{key}", spec[key], f"unknown layer type or setting; allowed: {', '.join(allowed)}")
+    for key in ("projections", "depth_groups"):
+        mapping(f"{group}.{key}", spec.get(key), f"a map of {key.replace('_', ' ')} by name", null=True)
+
     def check_fields(entry, key, extra=()):
         if entry is None:
             return
+        mapping(key, entry, settings)
         for name, value in entry.items():
             if name in extra:
                 continue
@@ -143,18 +149,20 @@ def check_spec(spec, group: str, fields: dict, depth: int | None = None, other_k
         check_fields(spec.get(lt), f"{group}.{lt}")
     for proj, entry in (spec.get("projections") or {}).items():
         if proj not in PROJECTIONS:
-            raise QftError(f"{group}.projections.{proj}", dict(entry or {}),
+            raise QftError(f"{group}.projections.{proj}", entry,
                            f"unknown projection; allowed: {', '.join(PROJECTIONS)}")
         check_fields(entry, f"{group}.projections.{proj}")
     for gname, entry in (spec.get("depth_groups") or {}).items():
         key = f"{group}.depth_groups.{gname}"
-        rng = (entry or {}).get("layers")
-        if rng is None or len(rng) != 2 or not all(isinstance(i, int) and not isinstance(i, bool) for i in rng) \
-                or rng[0] < 0 or rng[1] < rng[0]:
+        mapping(key, entry, f"a map with layers: [first, last], and types, projections or settings ({', '.join(fields)})")
+        rng = entry.get("layers")
+        if isinstance(rng, str) or not isinstance(rng, Sequence) or len(rng) != 2 \
+                or not all(isinstance(i, int) and not isinstance(i, bool) for i in rng) or rng[0] < 0 or rng[1] < rng[0]:
             raise QftError(f"{key}.layers", rng, "a range [first, last] of layer indices, 0 <= first <= last")
         if depth is not None and rng[1] >= depth:
             raise QftError(f"{key}.layers", list(rng), f"the model has layers 0..{depth - 1}")
         for sel, allowed in (("types", LAYER_TYPES), ("projections", tuple(PROJECTIONS))):
+            listing(f"{key}.{sel}", entry.get(sel) or [], f"a list from: {', '.join(allowed)}")
             for item in entry.get(sel) or []:
                 if item not in allowed:
                     raise QftError(f"{key}.{sel}", item, f"allowed: {', '.join(allowed)}")

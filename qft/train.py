@@ -38,11 +38,16 @@ def check(cfg, device: str) -> None:
     for key in ("warmup_steps", "eval_every", "checkpoint_every"):
         integer(f"train.{key}", cfg[key], 0)
     number("train.lr", cfg.lr, above=0)
+    number("train.weight_decay", cfg.weight_decay, at_least=0)
+    number("train.max_grad_norm", cfg.max_grad_norm, at_least=0, null=True,
+           what="a number >= 0, the gradient norm's bound (0 or null: no clipping)")
+    for key in ("gradient_checkpointing", "zero_shot"):
+        boolean(f"train.{key}", cfg[key])
     one_of("train.optimizer", cfg.optimizer, OPTIMIZERS)
     if cfg.optimizer != "adamw" and device != "cuda":
         raise QftError("train.optimizer", cfg.optimizer, "8-bit and paged AdamW need CUDA; on CPU use adamw")
     one_of("train.schedule", cfg.schedule, SCHEDULES)
-    if cfg.resume not in (True, False, "auto"):
+    if not (isinstance(cfg.resume, bool) or cfg.resume == "auto"):  # 1 == True would pass `in`, then act as auto
         raise QftError("train.resume", cfg.resume, "true, false or auto (resume when the checkpoint is this config's)")
     if cfg.stop_after_steps is not None:
         integer("train.stop_after_steps", cfg.stop_after_steps, 1)

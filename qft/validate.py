@@ -7,9 +7,9 @@ depth is known (from its config, before any weight is read).
 
 from __future__ import annotations
 
-from qft import adapter, budget, data, evaluate, logger, offload, quant, train
+from qft import adapter, budget, data, evaluate, logger, model, offload, quant, train
 from qft.config import check_keys, device
-from qft.errors import QftError
+from qft.errors import QftError, boolean, integer, text
 
 
 def validate(cfg, depth: int | None = None, planning: bool = False, files: bool = True) -> str:
@@ -21,9 +21,11 @@ def validate(cfg, depth: int | None = None, planning: bool = False, files: bool 
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         raise QftError(missing[0], "???", "required: set it on the command line")
+    text("cache_dir", cfg.cache_dir, "a folder for converted models and tokenized data")
+    integer("seed", cfg.seed, 0, 2**32 - 1)  # numpy's seed range
+    boolean("sweep.force", cfg.sweep.force)
     dev = device(cfg, planning)
-    if isinstance(cfg.seed, bool) or not isinstance(cfg.seed, int):
-        raise QftError("seed", cfg.seed, "an integer")
+    model.check(cfg.model, files)
     budget.check(cfg.budget)
     quant.check(cfg.quant, depth)
     adapter.check(cfg.adapter, depth)

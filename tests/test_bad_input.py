@@ -57,6 +57,37 @@ CASES = [
     ("+offload.stage=2", "offload.stage"),
     ("+budget.param=5000", "budget.param"),
     ("+seeds=3", "seeds"),
+    # values of the wrong kind: a string read as true, an unbounded number, a scalar where a map or list belongs
+    ("+model.trust_remote_code=no", "model.trust_remote_code"),
+    ("train.gradient_checkpointing=no", "train.gradient_checkpointing"),
+    ("train.zero_shot=no", "train.zero_shot"),
+    ("sweep.force=no", "sweep.force"),
+    ("train.resume=1", "train.resume"),
+    ("train.max_grad_norm=-1", "train.max_grad_norm"),
+    ("train.weight_decay=-0.1", "train.weight_decay"),
+    ("train.lr=inf", "train.lr"),
+    ("adapter.attn.alpha=nan", "adapter.attn.alpha"),
+    ("adapter.dropout=abc", "adapter.dropout"),
+    ("seed=-1", "seed"),
+    ("cache_dir=null", "cache_dir"),
+    ("model.seed=abc", "model.seed"),
+    ("model.arch=abc", "model.arch"),
+    ("quant.attn=null", "quant.attn"),
+    ("adapter.attn=5", "adapter.attn"),
+    ("adapter.projections=abc", "adapter.projections"),
+    ("+adapter.projections.q_proj=5", "adapter.projections.q_proj"),
+    ("+adapter.depth_groups.x=5", "adapter.depth_groups.x"),
+    ("+adapter.depth_groups.x={layers:7,r:2}", "adapter.depth_groups.x.layers"),
+    ("+adapter.depth_groups.x={layers:[0,1],types:mlp,r:2}", "adapter.depth_groups.x.types"),
+    ("data.min_text_tokens=0", "data.min_text_tokens"),
+    ("data.path=reviews.csv", "data.path"),  # the dataset is packaged: a path would be ignored
+    ("data.label_words=[1,2]", "data.label_words"),
+    ("data.instruction=7", "data.instruction"),
+    ("data.instruction='Choose one of {label}.'", "data.instruction"),
+    ("+logger.dir=7", "logger.dir"),
+    ("offload.split=5", "offload.split"),
+    ("offload.offload_stages=[a]", "offload.offload_stages"),
+    ("budget.grid=[1,x]", "budget.grid"),
 ]
 
 
@@ -72,6 +103,9 @@ def test_bad_config_names_the_key_and_records_failure(tmp_path, override, key):
 
 
 @pytest.mark.parametrize("override,key", [("budget.tolerance=0", "budget.tolerance"),
+                                          ("budget.tolerance=abc", "budget.tolerance"),
+                                          ("budget.shares=5", "budget.shares"),
+                                          ("budget.params=inf", "budget.params"),
                                           ("budget.tolerance=1.5", "budget.tolerance"),
                                           ("budget.shares=[1]", "budget.shares"),
                                           ("budget.shares=[-1,2]", "budget.shares")])
@@ -132,13 +166,19 @@ def test_cli_bad_data_path_exits_2(tmp_path):
     (["train.stpes=5"], "train.stpes: unknown key; allowed under train: batch_size, "),
     (["trian.steps=5"], "trian.steps: unknown key; allowed under the top level: adapter, budget, "),
     (["model.tokenizer.revison=main"], "model.tokenizer.revison: unknown key; allowed under model.tokenizer: file, "),
+    # Hydra's own settings and a group chosen by no default keep Hydra's advice, which is right for them
+    (["scale=paper"], "Could not override 'scale'"),
+    # a key of another preset: appending it would change nothing, so the line names the presets that have it
+    (["logger.dir=/x"], "logger.dir: not a key of the chosen presets; it is one of logger=tensorboard"),
+    (["hydra.job.env_set.FOO=1"], "Could not override 'hydra.job.env_set.FOO'"),
 ])
 def test_cli_hydra_errors_exit_2_with_one_line(tmp_path, args, needle):
     res = cli(*args, cwd=tmp_path)
     assert res.returncode == 2
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("qft: error: ") and needle in lines[0]
-    assert "+" not in lines[0]  # not Hydra's advice to append the key, which would now be refused too
+    if "unknown key" in needle:
+        assert "+" not in lines[0]  # not Hydra's advice to append the key, which would now be refused too
 
 
 def test_every_preset_and_experiment_composes_to_declared_keys():
@@ -162,9 +202,19 @@ def test_user_named_maps_stay_open(tmp_path):
     """Transformers config fields of a random model and dataset labels are the user's to name."""
     from qft import config
 
-    cfg = make_cfg(*TINY_DATA, "+model.arch.rope_theta=50000.0", "data.label_words={business:money}")
-    config.check_keys(cfg)
-    assert cfg.model.arch.rope_theta == 50000.0 and cfg.data.label_words.business == "money"
+    cfg = make_cfg(*TINY_DATA, "+model.arch.rope_theta=50000.0", "data.label_words={no_preset_label:money}",
+                   "+adapter.projections.k_proj={r:2}", "+quant.depth_groups.no_preset_group={layers:[0,1],bits:8}",
+                   "+grid.no_preset_axis=1")
+    config.check_keys(cfg)  # names no preset declares, each in a map whose keys are the user's
+    assert cfg.model.arch.rope_theta == 50000.0 and cfg.data.label_words.no_preset_label == "money"
+
+
+def test_a_package_header_is_read_as_hydra_reads_it():
+    from qft import config
+
+    assert config._package("# @package _global_\n# more\nx: 1") == "_global_"
+    assert config._package("\n# what this is\n#   @package  train.extra \nx: 1") == "train.extra"
+    assert config._package("x: 1\n# @package _global_") == "_group_"  # only the leading comments count
 
 
 def _rows(n=30):

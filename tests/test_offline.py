@@ -31,7 +31,7 @@ print(len(tried), tried[:2])
 
 
 def attempts(module: str, **env) -> str:
-    clean = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
+    clean = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
     out = subprocess.run([sys.executable, "-c", PROBE, module], env={**clean, **env}, capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]

@@ -8,26 +8,31 @@ import itertools
 from qft import layers as L
 from qft.budget.costs import cost_per_rank, uniform
 from qft.budget.fitted import fit_records, propose
-from qft.errors import QftError, integer, number
+from qft.errors import QftError, integer, listing, number
 
 SPLITS = ("type", "depth")
 METHODS = ("shares", "uniform", "fitted")
 
 
 def check(cfg) -> None:
+    listing("budget.grid", cfg.get("grid", []), "a list of ranks (integers >= 0)")
+    for r in cfg.get("grid", []):
+        integer("budget.grid", r, 0, what="a list of ranks (integers >= 0)")
     if cfg.params is None:
         return
     number("budget.params", cfg.params, above=0, what="a number of trainable parameters > 0, or null")
     if cfg.split not in SPLITS:
         raise QftError("budget.split", cfg.split, f"allowed: {', '.join(SPLITS)}")
-    if not 0 < cfg.tolerance < 1:
+    number("budget.tolerance", cfg.tolerance, above=0, what="a fraction in (0, 1)")
+    if not cfg.tolerance < 1:
         raise QftError("budget.tolerance", cfg.tolerance, "a fraction in (0, 1)")
     method = cfg.get("method", "shares")
     if method not in METHODS:
         raise QftError("budget.method", method, f"allowed: {', '.join(METHODS)}")
     if method == "shares":
-        shares = list(cfg.shares)
         n = len(L.LAYER_TYPES) if cfg.split == "type" else 3
+        listing("budget.shares", cfg.shares, f"a list of {n} non-negative weights")
+        shares = list(cfg.shares)
         if len(shares) != n or any(not isinstance(s, (int, float)) or s < 0 for s in shares) or sum(shares) <= 0:
             raise QftError("budget.shares", shares, f"{n} non-negative weights, one per "
                            + ("layer type (attn, mlp)" if cfg.split == "type" else "depth third (shallow, middle, deep)"))

@@ -212,12 +212,8 @@ def plan(cfg, model_type: str = "llama") -> Plan:
     # a tied head is the embedding matrix, which the last stage then holds as well as the first
     ends = (embed.fixed, head.fixed + head.act + head.work + (embed.fixed if resolved.tied else 0))
     o = cfg.offload
-    split = o.split if isinstance(o.split, str) else list(o.split)
-    if isinstance(split, str) and split not in ("memory", "uniform"):
-        raise QftError("offload.split", split, "memory, uniform, or a list of stage boundaries")
+    split = o.split if isinstance(o.split, str) else list(o.split)  # offload.check allowed the words and lists
     budget = None if o.device_budget_gb is None else o.device_budget_gb * GiB
     stages_off = o.offload_stages if isinstance(o.offload_stages, str) else list(o.offload_stages)
-    if isinstance(stages_off, str) and stages_off != "auto":
-        raise QftError("offload.offload_stages", stages_off, "auto or a list of stage indices")
     return plan_split([c.fixed for c in layers], [c.act for c in layers], o.stages, o.micro_batches, o.schedule,
                       ends, split, budget, stages_off, [c.work for c in layers])

@@ -1,24 +1,16 @@
 """The simulator's input rules, so a bad server, workload or policy fails at construction, naming its key,
 rather than as a stalled or endless simulation. The shared checks of qft/errors.py where they say the rule;
-`finite` and `fraction` for the two rules they cannot."""
+`fraction` for the rule they cannot."""
 
 from __future__ import annotations
 
 import dataclasses
-import math
 
 from qft.errors import QftError, boolean, integer, number, one_of
 
 POLICIES = ("none", "sync", "overlap", "neighbour")
 SCHEDULES = ("1f1b", "gpipe")
 PLACEMENTS = ("pipeline", "mirror")
-
-
-def finite(key: str, value, above: float | None = None, at_least: float | None = None) -> None:
-    """errors.number less infinity: an endless compute time, latency or chunk would never finish the step."""
-    number(key, value, above=above, at_least=at_least)
-    if math.isinf(value):
-        raise QftError(key, value, f"a number > {above}" if above is not None else f"a number >= {at_least}")
 
 
 def fraction(key: str, value, zero: bool = True, also: str = "") -> None:
@@ -31,10 +23,10 @@ def fraction(key: str, value, zero: bool = True, also: str = "") -> None:
 
 def check_server(s) -> None:
     integer("server.n_gpus", s.n_gpus, low=1)
-    number("server.gpu_memory_bytes", s.gpu_memory_bytes, above=0)
-    number("server.pcie_bandwidth", s.pcie_bandwidth, above=0)
-    finite("server.pcie_latency_s", s.pcie_latency_s, at_least=0)
-    finite("server.nvlink_latency_s", s.nvlink_latency_s, at_least=0)
+    number("server.gpu_memory_bytes", s.gpu_memory_bytes, above=0, infinite=True)
+    number("server.pcie_bandwidth", s.pcie_bandwidth, above=0, infinite=True)
+    number("server.pcie_latency_s", s.pcie_latency_s, at_least=0)  # finite: an endless latency never ends a step
+    number("server.nvlink_latency_s", s.nvlink_latency_s, at_least=0)
     boolean("server.shared_uplink", s.shared_uplink)
     seen = set()
     for p in s.nvlink_pairs:
@@ -44,7 +36,7 @@ def check_server(s) -> None:
                            f"pairs of distinct GPU indices in [0, {s.n_gpus - 1}], each GPU in at most one pair")
         seen |= set(p)
     if s.nvlink_pairs:
-        number("server.nvlink_bandwidth", s.nvlink_bandwidth, above=0)
+        number("server.nvlink_bandwidth", s.nvlink_bandwidth, above=0, infinite=True)
 
 
 def check_workload(w, stage_type: type) -> None:
@@ -55,7 +47,7 @@ def check_workload(w, stage_type: type) -> None:
         if not isinstance(st, stage_type):
             raise QftError(f"workload.stages[{i}]", st, "a Stage")
         for f in dataclasses.fields(stage_type):
-            finite(f"workload.stages[{i}].{f.name}", getattr(st, f.name), at_least=0)
+            number(f"workload.stages[{i}].{f.name}", getattr(st, f.name), at_least=0)
     integer("workload.micro_batches", w.micro_batches, low=1)
     one_of("workload.schedule", w.schedule, SCHEDULES)
 

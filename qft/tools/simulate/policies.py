@@ -6,8 +6,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
-from qft.errors import QftError
-from qft.tools.simulate.checks import POLICIES, finite
+from qft.errors import QftError, number
+from qft.tools.simulate.checks import POLICIES
 from qft.tools.simulate.engine import Run
 from qft.tools.simulate.inputs import Policy, Result, Server, Workload
 from qft.tools.simulate.schedules import inflight, placement_of
@@ -47,7 +47,7 @@ def simulate(server: Server, workload: Workload, policy: Policy | str = "none", 
     """One training step of `workload` on `server` under `policy`."""
     if isinstance(policy, str):
         policy = Policy(kind=policy)
-    finite("chunk_bytes", chunk_bytes, above=0)
+    number("chunk_bytes", chunk_bytes, above=0)
     gpus = placement_of(placement, len(workload.stages), server)
     chosen, frac = _offload_plan(server, workload, policy)
     res = Run(server, workload, policy, gpus, chunk_bytes, chosen, frac).simulate()

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from qft.errors import QftError, integer, one_of
-from qft.tools.simulate.checks import finite
+from qft.errors import QftError, integer, number, one_of
 from qft.tools.simulate.inputs import GB, GiB, Server, Stage, Workload
 
 
@@ -57,8 +56,8 @@ def workload_from_model(model: str | ModelShape, stages: int, micro_batches: int
         raise QftError("stages", stages, f"at most {model.layers} (the layers of {model.name})")
     integer("micro_batch_size", micro_batch_size, low=1)
     integer("seq_len", seq_len, low=1)
-    finite("tflops", tflops, above=0)
-    finite("bwd_ratio", bwd_ratio, above=0)
+    number("tflops", tflops, above=0)
+    number("bwd_ratio", bwd_ratio, above=0)
     integer("lora_rank", lora_rank, low=0)
     L, h, a, f, V = model.layers, model.hidden, model.heads, model.ffn, model.vocab
     b, s = micro_batch_size, seq_len
