@@ -103,10 +103,10 @@ def one_line(e: Exception) -> str:
         if part not in allowed:
             return f"{m.group(1)}: unknown key; allowed under {path or 'the top level'}: {', '.join(sorted(allowed))}"
         path = f"{path}.{part}" if path else part
-    if m:  # a key the tree declares, absent from the chosen presets: appending it would change nothing
-        presets = sorted(set(_tree()[1].get(m.group(1), [])))
+    presets = sorted(set(_tree()[1].get(m.group(1), []))) if m else []
+    if presets:  # a key of presets not chosen: appending it would change nothing
         return f"{m.group(1)}: not a key of the chosen presets; it is one of {', '.join(presets)}"
-    return text
+    return text  # a name in a user-named map (projections, label words, ...): Hydra's advice to append it holds
 
 
 def device(cfg, planning: bool = False) -> str:

@@ -15,6 +15,7 @@ import io
 import json
 import os
 import random
+import string
 import sys
 import zipfile
 from dataclasses import dataclass, field
@@ -157,9 +158,6 @@ FORMAT = 2
 def check(cfg, files: bool = True) -> None:
     one_of("data.source", cfg.source, SOURCES)
     one_of("data.task", cfg.task, TASKS)
-    if cfg.source != "local" and cfg.get("path"):
-        raise QftError("data.path", cfg.path, f"read only from a local file (data=local); data.source={cfg.source} "
-                                              "ships its own data")
     if cfg.source == "local" and not cfg.path:
         raise QftError("data.path", cfg.path, "an existing .csv, .tsv, .json or .jsonl file")
     if files and cfg.source == "local" and not (cfg.path and Path(os.path.expanduser(str(cfg.path))).is_file()):
@@ -175,10 +173,12 @@ def check(cfg, files: bool = True) -> None:
     mapping("data.label_words", cfg.get("label_words"), "a map of dataset label -> answer word", null=True)
     text("data.instruction", cfg.get("instruction"), "a string, where {labels} stands for the label words", null=True)
     try:
-        (cfg.get("instruction") or "").format(labels="a, b")
-    except (KeyError, IndexError, ValueError) as e:
-        raise QftError("data.instruction", cfg.instruction, "{labels} is its one placeholder (write {{ and }} for "
-                                                            f"braces): {type(e).__name__} {e}") from None
+        fields = [f[1:] for f in string.Formatter().parse(cfg.get("instruction") or "") if f[1] is not None]
+    except ValueError as e:
+        fields = [(str(e), "", None)]
+    if any(f != ("labels", "", None) for f in fields):
+        raise QftError("data.instruction", cfg.instruction, "{labels} is its one placeholder, bare (write {{ and }} "
+                                                            "for braces)")
 
 
 # --------------------------------------------------------------------------- splits

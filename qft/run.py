@@ -30,6 +30,7 @@ def run(cfg, run_dir: Path) -> dict:
     """
     started = time.time()
     _name_auto_dtype(cfg)
+    previous = record.read(run_dir)
     rec = {"schema": record.SCHEMA, "status": "running", "config": record.resolved(cfg), "seed": cfg.seed,
            "versions": record.versions(), "execution": record.execution(cfg)}
     tracker = logger.Tracker()
@@ -37,7 +38,6 @@ def run(cfg, run_dir: Path) -> dict:
         device = torch.device(validate.validate(cfg))  # first: a refused config reads and hashes nothing
         rec["inputs"] = inputs = record.inputs(cfg)
         rec["config_hash"] = config_hash = record.config_hash(cfg, inputs_=inputs)
-        previous = record.read(run_dir)
         if previous and previous.get("status") == "ok" and previous.get("config_hash") == config_hash \
                 and not cfg.sweep.force:
             print(f"qft: {run_dir} already holds an ok record of this config; skipped (sweep.force=true reruns it)")
@@ -65,7 +65,10 @@ def run(cfg, run_dir: Path) -> dict:
         rec.update(status="failed", error=f"{type(e).__name__}: {e}", wall_seconds=time.time() - started)
         if not isinstance(e, QftError):
             rec["traceback"] = traceback.format_exc(limit=20)
-        if pipeline.world()[0] == 0:
+        # a config refused before it was hashed leaves an ok record alone: nothing ran, and a check that reads the
+        # machine (device=cuda, lm-eval, a records folder) must not undo a finished sweep rerun elsewhere
+        kept = "config_hash" not in rec and previous and previous.get("status") == "ok"
+        if pipeline.world()[0] == 0 and not kept:
             record.write(run_dir, rec)
         tracker.close("failed")
         raise

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from qft import record, run
+from qft import record, run, validate
 from qft.errors import QftError
 from conftest import TINY_DATA, make_cfg
 
@@ -66,7 +66,6 @@ CASES = [
     ("train.max_grad_norm=-1", "train.max_grad_norm"),
     ("train.weight_decay=-0.1", "train.weight_decay"),
     ("train.lr=inf", "train.lr"),
-    ("adapter.attn.alpha=nan", "adapter.attn.alpha"),
     ("adapter.dropout=abc", "adapter.dropout"),
     ("seed=-1", "seed"),
     ("cache_dir=null", "cache_dir"),
@@ -80,10 +79,12 @@ CASES = [
     ("+adapter.depth_groups.x={layers:7,r:2}", "adapter.depth_groups.x.layers"),
     ("+adapter.depth_groups.x={layers:[0,1],types:mlp,r:2}", "adapter.depth_groups.x.types"),
     ("data.min_text_tokens=0", "data.min_text_tokens"),
-    ("data.path=reviews.csv", "data.path"),  # the dataset is packaged: a path would be ignored
     ("data.label_words=[1,2]", "data.label_words"),
     ("data.instruction=7", "data.instruction"),
     ("data.instruction='Choose one of {label}.'", "data.instruction"),
+    ("data.instruction='Choose one of {labels[0]}.'", "data.instruction"),
+    ("data.instruction='Choose one of {labels!r}.'", "data.instruction"),
+    ("model.tokenizer.package=null", "model.tokenizer.package"),
     ("+logger.dir=7", "logger.dir"),
     ("offload.split=5", "offload.split"),
     ("offload.offload_stages=[a]", "offload.offload_stages"),
@@ -170,6 +171,8 @@ def test_cli_bad_data_path_exits_2(tmp_path):
     (["scale=paper"], "Could not override 'scale'"),
     # a key of another preset: appending it would change nothing, so the line names the presets that have it
     (["logger.dir=/x"], "logger.dir: not a key of the chosen presets; it is one of logger=tensorboard"),
+    # a name in a map whose keys are the user's: Hydra's advice to append it is right
+    (["adapter.projections.v_proj={r:16}"], "use +adapter.projections.v_proj="),
     (["hydra.job.env_set.FOO=1"], "Could not override 'hydra.job.env_set.FOO'"),
 ])
 def test_cli_hydra_errors_exit_2_with_one_line(tmp_path, args, needle):
@@ -179,6 +182,54 @@ def test_cli_hydra_errors_exit_2_with_one_line(tmp_path, args, needle):
     assert len(lines) == 1 and lines[0].startswith("qft: error: ") and needle in lines[0]
     if "unknown key" in needle:
         assert "+" not in lines[0]  # not Hydra's advice to append the key, which would now be refused too
+
+
+def test_value_checks_refuse_what_they_name():
+    from qft import errors
+
+    for bad in (float("nan"), float("inf"), -float("inf"), "1", True, None):
+        with pytest.raises(QftError):
+            errors.number("k", bad, above=0)
+    errors.number("k", 10**400, above=0)  # an int is finite, however large
+    errors.number("k", float("inf"), above=0, infinite=True)
+    with pytest.raises(QftError):
+        errors.number("k", -float("inf"), infinite=True)
+    errors.text("k", "", null=True)  # unset, as None
+    for bad in ("", "  ", 7, None):
+        with pytest.raises(QftError):
+            errors.text("k", bad)
+    with pytest.raises(QftError, match="a list"):  # a string is not walked letter by letter
+        errors.listing("k", "mlp", "a list")
+    with pytest.raises(QftError, match="types='mlp': a list from: attn, mlp"):
+        validate.validate(make_cfg("+adapter.depth_groups.x={layers:[0,1],types:mlp,r:2}"))
+
+
+def test_a_refused_config_reads_nothing_and_leaves_an_ok_record(tmp_path):
+    """Validation comes first: a refused config hashes no input, and where the run directory holds an ok record
+    (a finished sweep rerun with a bad value, or on a machine a check refuses) that record stays."""
+    ok = run.run(make_cfg(*TINY_DATA, "train.steps=1", "train.eval_every=0"), tmp_path / "ok")
+    with pytest.raises(QftError):  # train.resume is outside the hash: before, this was skipped as done
+        run.run(make_cfg(*TINY_DATA, "train.steps=1", "train.eval_every=0", "train.resume=1"), tmp_path / "ok")
+    assert record.read(tmp_path / "ok") == ok
+    with pytest.raises(QftError) as e:  # a typo in a key outside the hash is an error, not a skip
+        run.run(make_cfg(*TINY_DATA, "train.steps=1", "train.eval_every=0", "+sweep.forse=true"), tmp_path / "ok")
+    assert e.value.key == "sweep.forse"
+    with pytest.raises(QftError):
+        run.run(make_cfg(*TINY_DATA, "train.steps=1", "train.resume=1"), tmp_path / "new")
+    refused = record.read(tmp_path / "new")
+    assert refused["status"] == "failed" and "config_hash" not in refused and "inputs" not in refused
+
+
+def test_paper_scale_validates_with_every_experiment():
+    """scale=paper re-sizes any experiment (docs/studies.md), planned from a machine without its files."""
+    from qft import config
+
+    sized = [f.stem for f in (Path(config.CONF) / "experiment").glob("[!_]*.yaml") if "/scale" in f.read_text()]
+    assert len(sized) >= 10
+    for name in sized:  # every experiment but smoke, which checks the machinery on tiny_llama
+        cfg = config.compose([f"+experiment={name}", "scale=paper"], "test")
+        assert cfg is not None, name
+        validate.validate(cfg, planning=True, files=False)
 
 
 def test_every_preset_and_experiment_composes_to_declared_keys():
