@@ -16,8 +16,8 @@ from qft.errors import QftError
 
 DEVICES = ("auto", "cpu", "cuda")
 CONF = str(Path(__file__).resolve().parent.parent / "conf")  # the Hydra config tree: every default lives there
-# maps whose keys the user names: transformers config fields (transformers takes any, and maps old names), dataset labels,
-# projections and depth groups (checked by qft.layers.check_spec), and an experiment's sweep grid
+# maps whose keys the user names: transformers config fields (transformers takes any, and maps old names),
+# dataset labels, projections and depth groups (checked by qft.layers.check_spec), and an experiment's sweep grid
 OPEN = ("model.arch", "data.label_words", "adapter.projections", "adapter.depth_groups", "quant.projections",
         "quant.depth_groups", "grid")
 HEADER = re.compile(r"#\s*@package\s+(\S+)")
@@ -74,16 +74,18 @@ def _tree() -> tuple[dict[str, frozenset], dict[str, list[str]]]:
     return {k: frozenset(v) for k, v in out.items()}, dict(origin)
 
 
+def _unknown(path: str) -> str:
+    return f"unknown key; allowed under {path or 'the top level'}: {', '.join(sorted(declared()[path]))}"
+
+
 def check_keys(cfg, path: str = "") -> None:
     """Every key of the composed config is one the tree declares where it stands."""
     from omegaconf import DictConfig
 
-    allowed = declared()[path]
     for key, value in cfg.items_ex(resolve=False):
         where = f"{path}.{key}" if path else str(key)
-        if key not in allowed:
-            raise QftError(where, value, f"unknown key; allowed under {path or 'the top level'}: "
-                                         f"{', '.join(sorted(allowed))}")
+        if key not in declared()[path]:
+            raise QftError(where, value, _unknown(path))
         if isinstance(value, DictConfig) and where in declared():
             check_keys(value, where)
 
@@ -101,7 +103,7 @@ def one_line(e: Exception) -> str:
         if path in OPEN or allowed is None:
             break
         if part not in allowed:
-            return f"{m.group(1)}: unknown key; allowed under {path or 'the top level'}: {', '.join(sorted(allowed))}"
+            return f"{m.group(1)}: {_unknown(path)}"
         path = f"{path}.{part}" if path else part
     presets = sorted(set(_tree()[1].get(m.group(1), []))) if m else []
     if presets:  # a key of presets not chosen: appending it would change nothing

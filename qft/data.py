@@ -174,9 +174,9 @@ def check(cfg, files: bool = True) -> None:
     text("data.instruction", cfg.get("instruction"), "a string, where {labels} stands for the label words", null=True)
     try:
         fields = [f[1:] for f in string.Formatter().parse(cfg.get("instruction") or "") if f[1] is not None]
-    except ValueError as e:
-        fields = [(str(e), "", None)]
-    if any(f != ("labels", "", None) for f in fields):
+    except ValueError:  # an unmatched brace
+        fields = None
+    if fields is None or any(f != ("labels", "", None) for f in fields):
         raise QftError("data.instruction", cfg.instruction, "{labels} is its one placeholder, bare (write {{ and }} "
                                                             "for braces)")
 

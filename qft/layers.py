@@ -154,10 +154,12 @@ def check_spec(spec, group: str, fields: dict, depth: int | None = None, other_k
         check_fields(entry, f"{group}.projections.{proj}")
     for gname, entry in (spec.get("depth_groups") or {}).items():
         key = f"{group}.depth_groups.{gname}"
-        mapping(key, entry, f"a map with layers: [first, last], and types, projections or settings ({', '.join(fields)})")
+        mapping(key, entry, f"a map with layers: [first, last], and types, projections or settings "
+                            f"({', '.join(fields)})")
         rng = entry.get("layers")
         if isinstance(rng, str) or not isinstance(rng, Sequence) or len(rng) != 2 \
-                or not all(isinstance(i, int) and not isinstance(i, bool) for i in rng) or rng[0] < 0 or rng[1] < rng[0]:
+                or not all(isinstance(i, int) and not isinstance(i, bool) for i in rng) \
+                or rng[0] < 0 or rng[1] < rng[0]:
             raise QftError(f"{key}.layers", rng, "a range [first, last] of layer indices, 0 <= first <= last")
         if depth is not None and rng[1] >= depth:
             raise QftError(f"{key}.layers", list(rng), f"the model has layers 0..{depth - 1}")
