@@ -24,16 +24,14 @@ DROPOUT_MASKS = ("torch", "fast")
 
 def check(cfg, depth: int | None = None) -> None:
     L.check_spec(cfg, "adapter", FIELDS, depth, other_keys=("dropout", "use_rslora", "dropout_mask", "shared_dropout"))
-    number("adapter.dropout", cfg.dropout, at_least=0, what="a number in [0, 1)")
-    if not cfg.dropout < 1:
-        raise QftError("adapter.dropout", cfg.dropout, "a number in [0, 1)")
+    number("adapter.dropout", cfg.dropout, at_least=0, below=1, what="a number in [0, 1)")
     boolean("adapter.use_rslora", cfg.use_rslora)
     boolean("adapter.shared_dropout", cfg.get("shared_dropout", False))
     if cfg.get("dropout_mask", "torch") not in DROPOUT_MASKS:
         raise QftError("adapter.dropout_mask", cfg.dropout_mask, f"allowed: {', '.join(DROPOUT_MASKS)}")
     for lt in L.LAYER_TYPES:
         for f in FIELDS:
-            if (cfg.get(lt) or {}).get(f) is None:
+            if cfg[lt].get(f) is None:  # check_spec made each layer type a map
                 raise QftError(f"adapter.{lt}.{f}", None, "required for every layer type")
 
 

@@ -36,15 +36,17 @@ def integer(key: str, value, low: int | None = None, high: int | None = None, wh
 
 
 def number(key: str, value, above: float | None = None, at_least: float | None = None, what: str | None = None,
-           null: bool = False, infinite: bool = False) -> None:
-    """A finite real number (not a bool) > `above` or >= `at_least`; `null` also allows None, `infinite` +inf (a
-    limit, such as the simulator's infinite bandwidth)."""
+           null: bool = False, infinite: bool = False, below: float | None = None) -> None:
+    """A finite real number (not a bool) > `above` or >= `at_least`, and < `below`; `null` also allows None,
+    `infinite` +inf (a limit, such as the simulator's infinite bandwidth)."""
     if null and value is None:
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (isinstance(value, float) and (
             math.isnan(value) or (math.isinf(value) and not (infinite and value > 0)))) \
-            or (above is not None and not value > above) or (at_least is not None and not value >= at_least):
-        bound = f" > {above}" if above is not None else f" >= {at_least}" if at_least is not None else ""
+            or (above is not None and not value > above) or (at_least is not None and not value >= at_least) \
+            or (below is not None and not value < below):
+        bound = (f" > {above}" if above is not None else f" >= {at_least}" if at_least is not None else "") \
+            + (f" and < {below}" if below is not None else "")
         raise QftError(key, value, what or f"a finite number{bound}" + (", or null" if null else ""))
 
 
@@ -69,6 +71,13 @@ def listing(key: str, value, what: str) -> None:
     """A list (OmegaConf's ListConfig included), not a string, which would be walked letter by letter."""
     if isinstance(value, str) or not isinstance(value, Sequence):
         raise QftError(key, value, what)
+
+
+def integers(key: str, value, low: int, what: str) -> None:
+    """A list of integers >= `low`; the one message names the whole rule."""
+    listing(key, value, what)
+    for item in value:
+        integer(key, item, low, what=what)
 
 
 def fail(prog: str, e: QftError) -> int:

@@ -149,7 +149,7 @@ def _selected(cfg) -> tuple[Path, list[str]]:
                        + MMLU_LAYOUT)
     if cfg.subjects is None:
         return folder, found
-    if not isinstance(cfg.subjects, (str, Sequence)):
+    if not isinstance(cfg.subjects, Sequence):  # a string is one subject
         raise QftError("evaluate.subjects", cfg.subjects, "a subject, a list of subjects, or null (all)")
     subjects = list(cfg.subjects) if not isinstance(cfg.subjects, str) else [cfg.subjects]
     missing = [s for s in subjects if s not in found]

@@ -131,6 +131,8 @@ def check_spec(spec, group: str, fields: dict, depth: int | None = None, other_k
     for key in spec:
         if key not in allowed:
             raise QftError(f"{group}.{key}", spec[key], f"unknown layer type or setting; allowed: {', '.join(allowed)}")
+    for lt in LAYER_TYPES:  # required: a null would quietly mean the backend's or peft's defaults
+        mapping(f"{group}.{lt}", spec.get(lt), settings)
     for key in ("projections", "depth_groups"):
         mapping(f"{group}.{key}", spec.get(key), f"a map of {key.replace('_', ' ')} by name", null=True)
 

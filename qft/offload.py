@@ -15,7 +15,7 @@ import contextlib
 
 import torch
 
-from qft.errors import QftError, boolean, integer, listing, number, one_of
+from qft.errors import QftError, boolean, integer, integers, number, one_of
 
 MODES = ("none", "activations", "pipeline")
 SCHEDULES = ("gpipe", "1f1b")
@@ -40,9 +40,7 @@ def check(cfg) -> None:
         if isinstance(value, str):
             one_of(f"offload.{key}", value, words)
         else:
-            listing(f"offload.{key}", value, what)
-            for i in value:
-                integer(f"offload.{key}", i, 0, what=what)
+            integers(f"offload.{key}", value, 0, what)
 
 
 class ActivationOffload(torch.autograd.graph.saved_tensors_hooks):

@@ -8,24 +8,20 @@ import itertools
 from qft import layers as L
 from qft.budget.costs import cost_per_rank, uniform
 from qft.budget.fitted import fit_records, propose
-from qft.errors import QftError, integer, listing, number
+from qft.errors import QftError, integer, integers, listing, number
 
 SPLITS = ("type", "depth")
 METHODS = ("shares", "uniform", "fitted")
 
 
 def check(cfg) -> None:
-    listing("budget.grid", cfg.get("grid", []), "a list of ranks (integers >= 0)")
-    for r in cfg.get("grid", []):
-        integer("budget.grid", r, 0, what="a list of ranks (integers >= 0)")
+    integers("budget.grid", cfg.get("grid", []), 0, "a list of ranks (integers >= 0)")
     if cfg.params is None:
         return
     number("budget.params", cfg.params, above=0, what="a number of trainable parameters > 0, or null")
     if cfg.split not in SPLITS:
         raise QftError("budget.split", cfg.split, f"allowed: {', '.join(SPLITS)}")
-    number("budget.tolerance", cfg.tolerance, above=0, what="a fraction in (0, 1)")
-    if not cfg.tolerance < 1:
-        raise QftError("budget.tolerance", cfg.tolerance, "a fraction in (0, 1)")
+    number("budget.tolerance", cfg.tolerance, above=0, below=1, what="a fraction in (0, 1)")
     method = cfg.get("method", "shares")
     if method not in METHODS:
         raise QftError("budget.method", method, f"allowed: {', '.join(METHODS)}")

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from qft import atomic, layers as L
-from qft.errors import QftError, boolean, mapping, number, one_of
+from qft.errors import QftError, boolean, number, one_of
 from qft.model import ATTENTION_DTYPES, COMPUTE_DTYPES, compute_dtype as dtype_of
 from qft.quant import bnb4, dense, int8  # noqa: F401  (the built-in backends register themselves)
 from qft.quant.bnb4 import Dequantized  # noqa: F401  (qft.quant.Dequantized, as before the split)
@@ -41,8 +41,6 @@ def check(cfg, depth: int | None = None) -> None:
     for key in ("cache_dequantized", "cache_quantized"):
         boolean(f"quant.{key}", cfg.get(key, False))
     one_of("quant.attention_dtype", cfg.get("attention_dtype", "compute"), ATTENTION_DTYPES)
-    for lt in L.LAYER_TYPES:  # null would quietly mean the 4-bit defaults, even under quant=none
-        mapping(f"quant.{lt}", cfg.get(lt), f"a map of settings ({', '.join(FIELDS)}), e.g. {{bits: 16}}")
     L.check_spec(cfg, "quant", FIELDS, depth,
                  other_keys=("compute_dtype", "cache_dequantized", "cache_quantized", "attention_dtype"))
 

@@ -14,7 +14,7 @@ PLACEMENTS = ("pipeline", "mirror")
 
 
 def fraction(key: str, value, zero: bool = True, also: str = "") -> None:
-    """A share in [0, 1] (in (0, 1] without `zero`); errors.number has no upper bound. `also` names the
+    """A share in [0, 1] (in (0, 1] without `zero`); errors.number's upper bound is strict. `also` names the
     non-numeric values the caller accepts, for the message."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) \
             or not (0 <= value <= 1 if zero else 0 < value <= 1):
