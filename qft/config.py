@@ -48,6 +48,21 @@ def _tree() -> tuple[dict[str, frozenset], dict[str, list[str]]]:
     """declared(), and the presets that declare each dotted key (`logger.dir` -> [`logger=tensorboard`])."""
     import yaml
 
+    nodes = []
+    for f in sorted(Path(CONF).rglob("*.yaml")):
+        group = f.relative_to(CONF).parts[:-1]
+        if group[:1] == ("hydra",):
+            continue
+        text = f.read_text()
+        package = _package(text)
+        path = () if package == "_global_" else group if package == "_group_" else tuple(package.split("."))
+        preset = f"{'+' if group == ('experiment',) else ''}{'/'.join(group)}={f.stem}" if group else "config.yaml"
+        nodes.append((preset, path, yaml.safe_load(text) or {}))
+    return _walk(nodes)
+
+
+def _walk(nodes) -> tuple[dict[str, frozenset], dict[str, list[str]]]:
+    """The keys declared under each path by (preset, package path, content) triples, and who declares each key."""
     out, origin = defaultdict(set), defaultdict(list)
 
     def walk(path: str, node: dict, preset: str) -> None:
@@ -58,36 +73,62 @@ def _tree() -> tuple[dict[str, frozenset], dict[str, list[str]]]:
             if isinstance(value, dict) and sub not in OPEN:
                 walk(sub, value, preset)
 
-    for f in sorted(Path(CONF).rglob("*.yaml")):
-        group = f.relative_to(CONF).parts[:-1]
-        if group[:1] == ("hydra",):
-            continue
-        text = f.read_text()
-        node = yaml.safe_load(text) or {}
+    for preset, package, node in nodes:
         node = {k: v for k, v in node.items() if k not in ("defaults", "hydra")}
-        package = _package(text)
-        path = () if package == "_global_" else group if package == "_group_" else tuple(package.split("."))
-        for part in reversed(path):
+        for part in reversed(package):
             node = {part: node}
-        preset = f"{'+' if group == ('experiment',) else ''}{'/'.join(group)}={f.stem}" if group else "config.yaml"
         walk("", node, preset)
     return {k: frozenset(v) for k, v in out.items()}, dict(origin)
 
 
-def _unknown(path: str) -> str:
-    return f"unknown key; allowed under {path or 'the top level'}: {', '.join(sorted(declared()[path]))}"
+def chosen(overrides, config_name: str = "config") -> dict[str, frozenset] | None:
+    """The keys declared by the presets Hydra composed with these overrides, where one of them appends a key
+    (`+model.seed=5` on a model whose preset has no seed: accepted by Hydra, read by nothing); None where none
+    does (every key then comes from those presets) or outside Hydra. Call it inside Hydra's context."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf
+
+    if not GlobalHydra.instance().is_initialized():
+        return None
+    loader = GlobalHydra.instance().config_loader()
+    repo, overrides = loader.repository, list(overrides)
+    if not any((o.is_add() or o.is_force_add()) and not repo.group_exists(o.key_or_group)
+               and o.key_or_group.split(".")[0] != "hydra" for o in OverridesParser.create().parse_overrides(overrides)):
+        return None
+    nodes = []
+    for d in loader.compute_defaults_list(config_name, overrides, RunMode.RUN).defaults:
+        if d.config_path is None or d.config_path.split("/")[0] == "hydra":
+            continue
+        loaded = repo.load_config(d.config_path)
+        nodes.append((d.config_path, tuple(d.package.split(".")) if d.package else (),
+                      OmegaConf.to_container(loaded.config) if loaded else {}))
+    return _walk(nodes)[0]
 
 
-def check_keys(cfg, path: str = "") -> None:
-    """Every key of the composed config is one the tree declares where it stands."""
+def _unknown(path: str, keys: dict[str, frozenset] | None = None) -> str:
+    return f"unknown key; allowed under {path or 'the top level'}: {', '.join(sorted((keys or declared())[path]))}"
+
+
+def _elsewhere(key: str) -> str | None:
+    """Where a key other presets declare is put on presets without it: appending it would change nothing."""
+    presets = sorted(set(_tree()[1].get(key, [])))
+    return f"not a key of the chosen presets; it is one of {', '.join(presets)}" if presets else None
+
+
+def check_keys(cfg, path: str = "", keys: dict[str, frozenset] | None = None) -> None:
+    """Every key of the composed config is one the tree declares where it stands: in the presets chosen where
+    `keys` (chosen()) says which, else in any preset."""
     from omegaconf import DictConfig
 
+    keys = keys or declared()
     for key, value in cfg.items_ex(resolve=False):
         where = f"{path}.{key}" if path else str(key)
-        if key not in declared()[path]:
-            raise QftError(where, value, _unknown(path))
-        if isinstance(value, DictConfig) and where in declared():
-            check_keys(value, where)
+        if key not in keys[path]:
+            raise QftError(where, value, _elsewhere(where) or _unknown(path, keys))
+        if isinstance(value, DictConfig) and where in keys:
+            check_keys(value, where, keys)
 
 
 def one_line(e: Exception) -> str:
@@ -105,9 +146,9 @@ def one_line(e: Exception) -> str:
         if part not in allowed:
             return f"{m.group(1)}: {_unknown(path)}"
         path = f"{path}.{part}" if path else part
-    presets = sorted(set(_tree()[1].get(m.group(1), []))) if m else []
-    if presets:  # a key of presets not chosen: appending it would change nothing
-        return f"{m.group(1)}: not a key of the chosen presets; it is one of {', '.join(presets)}"
+    elsewhere = _elsewhere(m.group(1)) if m else None
+    if elsewhere:
+        return f"{m.group(1)}: {elsewhere}"
     return text  # a name in a user-named map (projections, label words, ...): Hydra's advice to append it holds
 
 
@@ -129,15 +170,16 @@ def compose(argv, prog: str):
 
     from hydra import compose as hydra_compose, initialize_config_dir
 
+    overrides = list(sys.argv[1:] if argv is None else argv)
     with initialize_config_dir(CONF, version_base="1.3"):
         try:
-            cfg = hydra_compose("config", overrides=list(sys.argv[1:] if argv is None else argv))
+            cfg = hydra_compose("config", overrides=overrides)
         except Exception as e:  # noqa: BLE001 - Hydra's override errors, as one line
             print(f"{prog}: error: {one_line(e)}", file=sys.stderr)
             return None
-    try:
-        check_keys(cfg)
-    except QftError as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
-        return None
+        try:
+            check_keys(cfg, keys=chosen(overrides))
+        except QftError as e:
+            print(f"{prog}: error: {e}", file=sys.stderr)
+            return None
     return cfg

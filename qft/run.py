@@ -22,11 +22,12 @@ from qft.planning import stages
 from qft.errors import QftError
 
 
-def run(cfg, run_dir: Path) -> dict:
+def run(cfg, run_dir: Path, keys=None) -> dict:
     """Run one fine-tune and write its record; a failure is recorded with its reason, then re-raised.
 
     A run directory that already holds an ok record of the same config is left alone, so re-running a
-    sweep redoes only what failed or never finished.
+    sweep redoes only what failed or never finished. `keys`: the keys of the presets Hydra chose
+    (qft.config.chosen), so that a key appended to presets that lack it is refused.
     """
     started = time.time()
     _name_auto_dtype(cfg)
@@ -35,7 +36,7 @@ def run(cfg, run_dir: Path) -> dict:
            "versions": record.versions(), "execution": record.execution(cfg)}
     tracker = logger.Tracker()
     try:
-        device = torch.device(validate.validate(cfg))  # first: a refused config reads and hashes nothing
+        device = torch.device(validate.validate(cfg, keys=keys))  # first: a refused config reads and hashes nothing
         rec["inputs"] = inputs = record.inputs(cfg)
         rec["config_hash"] = config_hash = record.config_hash(cfg, inputs_=inputs)
         if previous and previous.get("status") == "ok" and previous.get("config_hash") == config_hash \

@@ -12,12 +12,13 @@ from qft.config import check_keys, device
 from qft.errors import QftError, boolean, integer, text
 
 
-def validate(cfg, depth: int | None = None, planning: bool = False, files: bool = True) -> str:
+def validate(cfg, depth: int | None = None, planning: bool = False, files: bool = True, keys=None) -> str:
     """Raise QftError on the first bad value; return the device the run will use. `files=False` (planning a job for
-    another machine) leaves out the checks that read local data and benchmark files."""
+    another machine) leaves out the checks that read local data and benchmark files; `keys` are the chosen presets'
+    (qft.config.chosen)."""
     from omegaconf import OmegaConf
 
-    check_keys(cfg)
+    check_keys(cfg, keys=keys)
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         raise QftError(missing[0], "???", "required: set it on the command line")

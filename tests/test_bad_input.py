@@ -249,6 +249,67 @@ def test_every_preset_and_experiment_composes_to_declared_keys():
             config.check_keys(compose("config", overrides=[choice]))
 
 
+@pytest.mark.parametrize("args,line", [
+    (["+model.seed=5"], "model.seed=5: not a key of the chosen presets; it is one of model=tiny_llama"),
+    (["quant=nf4", "+quant.mlp.threshold=2.0"], "quant.mlp.threshold=2.0: not a key of the chosen presets; it is "
+                                                "one of quant=int8"),
+    (["model=local", "model.path=/x", "+model.arch.rope_theta=1.0"], "model.arch={'rope_theta': 1.0}: not a key of "
+                                                                      "the chosen presets; it is one of model=llama2_7b"),
+    (["+grid.rank=1"], "grid={'rank': 1}: not a key of the chosen presets; it is one of +experiment=_sweep"),
+    (["+train.stpes=5"], "train.stpes=5: unknown key; allowed under train: batch_size, "),
+])
+def test_a_key_the_chosen_presets_lack_is_refused(args, line):
+    """Hydra appends any key with `+`, and every preset's keys pass the check over all presets; one the chosen presets
+    lack is read by nothing (a seed for a GGUF model, int8's outlier threshold on NF4, a grid outside a sweep)."""
+    from hydra import compose, initialize_config_dir
+
+    from qft import config
+
+    with initialize_config_dir(config.CONF, version_base="1.3"):
+        cfg = compose("config", overrides=args)
+        if "unknown key" not in line:
+            config.check_keys(cfg)
+        with pytest.raises(QftError) as e:
+            config.check_keys(cfg, keys=config.chosen(args))
+    assert str(e.value).startswith(line)
+
+
+def test_keys_the_chosen_presets_have_pass():
+    from hydra import compose, initialize_config_dir
+
+    from qft import config
+
+    accepted = [["model=tiny_llama", "+model.arch.rope_theta=50000.0"], ["quant=int8", "++quant.mlp.threshold=2.0"],
+                ["+experiment=rank_sweep", "+grid.no_preset_axis=1"], ["+adapter.projections.k_proj={r:2}"],
+                ["data=reuters_r8", "+data.label_words.no_preset_label=money", "++train.steps=3"],
+                ["+experiment=finding3", "quant=int8", "+quant.depth_groups.x={layers:[0],bits:8}"]]
+    with initialize_config_dir(config.CONF, version_base="1.3"):
+        for args in accepted:
+            keys = config.chosen(args)
+            assert keys is not None and ("arch" in keys["model"]) == ("model=tiny_llama" in args)  # the chosen one's
+            config.check_keys(compose("config", overrides=args), keys=keys)
+        assert config.chosen(["+experiment=finding1", "seed=3", "quant=int8"]) is None  # nothing appended: no reading
+    assert config.chosen(["+model.seed=5"]) is None  # outside Hydra: the check over every preset stands
+
+
+def test_cli_refuses_a_key_the_chosen_presets_lack(tmp_path, capsys):
+    from qft import config
+
+    res = cli("+model.seed=5", cwd=tmp_path / "run")
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines()[-1] == ("qft: error: model.seed=5: not a key of the chosen presets; "
+                                                   "it is one of model=tiny_llama")
+    assert json.loads((tmp_path / "run" / "result.json").read_text())["status"] == "failed"
+    sweep = subprocess.run([sys.executable, "-m", "qft", "-m", "+logger.dir=a,b", f"hydra.sweep.dir={tmp_path / 's'}"],
+                           cwd=ROOT, capture_output=True, text=True, timeout=300)
+    records = [json.loads(f.read_text()) for f in sorted((tmp_path / "s").glob("*/result.json"))]
+    assert sweep.returncode == 0 and len(records) == 2, sweep.stderr[-1500:]
+    assert all(r["status"] == "failed" and "logger.dir" in r["error"] for r in records)
+    assert config.compose(["quant=nf4", "+quant.attn.threshold=1.0"], "qft.budget") is None  # the other CLIs
+    assert capsys.readouterr().err.strip() == ("qft.budget: error: quant.attn.threshold=1.0: not a key of the chosen "
+                                               "presets; it is one of quant=attn8_mlp4, quant=int8")
+
+
 def test_user_named_maps_stay_open(tmp_path):
     """Transformers config fields of a random model and dataset labels are the user's to name."""
     from qft import config
