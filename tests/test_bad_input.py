@@ -4,6 +4,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from qft import record, run, validate
 from qft.errors import QftError
@@ -221,15 +222,26 @@ def test_a_refused_config_reads_nothing_and_leaves_an_ok_record(tmp_path):
 
 
 def test_paper_scale_validates_with_every_experiment():
-    """scale=paper re-sizes any experiment (docs/studies.md), planned from a machine without its files."""
+    """scale=paper re-sizes any experiment (docs/studies.md), planned from a machine without its files; the studies
+    with a fixed protocol keep it (before, finding1 at paper scale tested 1,000 of R8's 2,189 and read Alpaca's path)."""
     from qft import config
 
     sized = [f.stem for f in (Path(config.CONF) / "experiment").glob("[!_]*.yaml") if "/scale" in f.read_text()]
     assert len(sized) >= 10
+    protocols = {"finding1", "finding1_pilot", "finding3", "allocator_check"}
     for name in sized:  # every experiment but smoke, which checks the machinery on tiny_llama
         cfg = config.compose([f"+experiment={name}", "scale=paper"], "test")
         assert cfg is not None, name
         validate.validate(cfg, planning=True, files=False)
+        cpu = config.compose([f"+experiment={name}"], "test")
+        if name in protocols:  # a fixed protocol keeps its dataset and splits, and every train setting it names
+            own = yaml.safe_load((Path(config.CONF) / "experiment" / f"{name}.yaml").read_text())["train"]
+            assert cfg.data == cpu.data and {k: cfg.train[k] for k in own} == own, name
+        else:  # a CPU-sized sweep is re-sized: Alpaca, paper splits and steps, QLoRA's warm-up
+            assert (cfg.data.task, cfg.data.max_length, cfg.data.test_size) == ("instruction", 512, 1000), name
+            assert (cfg.train.steps, cfg.train.warmup_steps) == (1875, 56), name
+        assert cfg.model.name == "paper_7b" and cfg.train.optimizer == "paged_adamw8bit" and cfg.device == "cuda"
+    assert protocols <= set(sized)
 
 
 def test_every_preset_and_experiment_composes_to_declared_keys():
