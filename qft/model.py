@@ -180,11 +180,22 @@ def resolve(cfg, cache_dir: str | Path) -> Source:
         return Source(cfg.name, folder, folder, _load_config(folder, trust), trust)
     if cfg.source == "random":
         tok = resolve(cfg.tokenizer, cache_dir).tokenizer_dir
+        from transformers import CONFIG_MAPPING
+
         arch = dict(cfg.arch)
+        if arch.get("model_type") not in CONFIG_MAPPING:
+            raise QftError("model.arch.model_type", arch.get("model_type"),
+                           "a model type transformers knows, such as llama, mistral, qwen2 or gemma")
         try:
             config = AutoConfig.for_model(**arch)
         except Exception as e:
-            raise QftError("model.arch", arch, f"not a valid transformers config ({e})") from e
+            raise QftError("model.arch", arch, f"not a valid transformers config ({str(e)[:300]})") from e
+        # transformers keeps a field its config class does not know as a plain attribute that no model code reads
+        # (a typo such as num_hiden_layers); old names it maps (rope_theta) leave no such attribute
+        unread = sorted(set(config.to_dict()) - set(AutoConfig.for_model(arch["model_type"]).to_dict()))
+        if unread:
+            raise QftError(f"model.arch.{unread[0]}", arch[unread[0]],
+                           f"not a field of {type(config).__name__}, which would keep it and read nothing")
         return Source(cfg.name, None, tok, config, False, int(cfg.get("seed", 0)))
     raise QftError("model.source", cfg.source, "allowed: pypi_gguf, random (or set model.path)")
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from qft import record, run, validate
+from qft import model, record, run, validate
 from qft.errors import QftError
 from conftest import TINY_DATA, make_cfg
 
@@ -72,6 +72,8 @@ CASES = [
     ("cache_dir=null", "cache_dir"),
     ("model.seed=abc", "model.seed"),
     ("model.arch=abc", "model.arch"),
+    ("+model.arch.num_hiden_layers=2", "model.arch.num_hiden_layers"),  # transformers would keep it, unread
+    ("model.arch.model_type=lama", "model.arch.model_type"),
     ("quant.attn=null", "quant.attn"),
     ("adapter.attn=5", "adapter.attn"),
     ("adapter.projections=abc", "adapter.projections"),
@@ -331,6 +333,7 @@ def test_user_named_maps_stay_open(tmp_path):
                    "+grid.no_preset_axis=1")
     config.check_keys(cfg)  # names no preset declares, each in a map whose keys are the user's
     assert cfg.model.arch.rope_theta == 50000.0 and cfg.data.label_words.no_preset_label == "money"
+    assert model.resolve(cfg.model, cfg.cache_dir).config.rope_parameters["rope_theta"] == 50000.0  # an old name, mapped
 
 
 def test_a_package_header_is_read_as_hydra_reads_it():
