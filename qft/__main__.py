@@ -36,7 +36,7 @@ def main(cfg) -> float | None:
         pin_gpu(hc.job.num, os.environ)
     rec = None
     try:
-        rec = run(cfg, run_dir, chosen(hc.overrides.task, hc.job.config_name))
+        rec = run(cfg, run_dir, chosen([*hc.overrides.hydra, *hc.overrides.task], hc.job.config_name))
     except QftError as e:
         print(f"qft: error: {e}", file=sys.stderr)
         if not sweeping:  # in a sweep it is recorded as failed, and the other runs go on

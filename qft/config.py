@@ -82,9 +82,9 @@ def _walk(nodes) -> tuple[dict[str, frozenset], dict[str, list[str]]]:
 
 
 def chosen(overrides, config_name: str = "config") -> dict[str, frozenset] | None:
-    """The keys declared by the presets Hydra composed with these overrides, where one of them appends a key
-    (`+model.seed=5` on a model whose preset has no seed: accepted by Hydra, read by nothing); None where none
-    does (every key then comes from those presets) or outside Hydra. Call it inside Hydra's context."""
+    """The keys the chosen presets give the config (what Hydra composes from these overrides less the keys they
+    append), where an override appends one (`+model.seed=5` on a model whose preset has no seed: accepted by Hydra,
+    read by nothing); None where none does, or outside Hydra. Pass Hydra's overrides too (`hydra.searchpath`)."""
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.types import RunMode
@@ -93,18 +93,15 @@ def chosen(overrides, config_name: str = "config") -> dict[str, frozenset] | Non
     if not GlobalHydra.instance().is_initialized():
         return None
     loader = GlobalHydra.instance().config_loader()
-    repo, overrides = loader.repository, list(overrides)
-    if not any((o.is_add() or o.is_force_add()) and not repo.group_exists(o.key_or_group)
-               and o.key_or_group.split(".")[0] != "hydra" for o in OverridesParser.create().parse_overrides(overrides)):
+    parsed = OverridesParser.create().parse_overrides(list(overrides))
+    kept = [o.input_line for o in parsed if not ((o.is_add() or o.is_force_add()) and not o.is_hydra_override()
+                                                 and not loader.repository.group_exists(o.key_or_group))]
+    if len(kept) == len(parsed):
         return None
-    nodes = []
-    for d in loader.compute_defaults_list(config_name, overrides, RunMode.RUN).defaults:
-        if d.config_path is None or d.config_path.split("/")[0] == "hydra":
-            continue
-        loaded = repo.load_config(d.config_path)
-        nodes.append((d.config_path, tuple(d.package.split(".")) if d.package else (),
-                      OmegaConf.to_container(loaded.config) if loaded else {}))
-    return _walk(nodes)[0]
+    base = OmegaConf.to_container(loader.load_configuration(config_name, kept, RunMode.RUN), resolve=False)
+    keys = _walk([("chosen", (), base)])[0]
+    # a layer's quantization settings: which of them it reads follows its bits, not the preset that set them
+    return {**keys, **{p: keys[p] | declared()[p] for p in ("quant.attn", "quant.mlp") if p in keys}}
 
 
 def _unknown(path: str, keys: dict[str, frozenset] | None = None) -> str:
@@ -118,16 +115,17 @@ def _elsewhere(key: str) -> str | None:
 
 
 def check_keys(cfg, path: str = "", keys: dict[str, frozenset] | None = None) -> None:
-    """Every key of the composed config is one the tree declares where it stands: in the presets chosen where
-    `keys` (chosen()) says which, else in any preset."""
+    """Every key of the composed config is one some preset declares where it stands, and where `keys` (chosen())
+    says which presets were chosen, one they declare."""
     from omegaconf import DictConfig
 
-    keys = keys or declared()
     for key, value in cfg.items_ex(resolve=False):
         where = f"{path}.{key}" if path else str(key)
-        if key not in keys[path]:
+        if key not in declared()[path]:
+            raise QftError(where, value, _unknown(path))
+        if keys is not None and key not in keys[path]:
             raise QftError(where, value, _elsewhere(where) or _unknown(path, keys))
-        if isinstance(value, DictConfig) and where in keys:
+        if isinstance(value, DictConfig) and where in declared() and (keys is None or where in keys):
             check_keys(value, where, keys)
 
 

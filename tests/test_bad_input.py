@@ -265,8 +265,7 @@ def test_every_preset_and_experiment_composes_to_declared_keys():
 
 @pytest.mark.parametrize("args,line", [
     (["+model.seed=5"], "model.seed=5: not a key of the chosen presets; it is one of model=tiny_llama"),
-    (["quant=nf4", "+quant.mlp.threshold=2.0"], "quant.mlp.threshold=2.0: not a key of the chosen presets; it is "
-                                                "one of quant=int8"),
+    (["+evaluate.limit=5"], "evaluate={'limit': 5}: not a key of the chosen presets; it is one of evaluate=mmlu"),
     (["model=local", "model.path=/x", "+model.arch.rope_theta=1.0"], "model.arch={'rope_theta': 1.0}: not a key of "
                                                                       "the chosen presets; it is one of model=llama2_7b"),
     (["+grid.rank=1"], "grid={'rank': 1}: not a key of the chosen presets; it is one of +experiment=_sweep"),
@@ -296,7 +295,9 @@ def test_keys_the_chosen_presets_have_pass():
     accepted = [["model=tiny_llama", "+model.arch.rope_theta=50000.0"], ["quant=int8", "++quant.mlp.threshold=2.0"],
                 ["+experiment=rank_sweep", "+grid.no_preset_axis=1"], ["+adapter.projections.k_proj={r:2}"],
                 ["data=reuters_r8", "+data.label_words.no_preset_label=money", "++train.steps=3"],
-                ["+experiment=finding3", "quant=int8", "+quant.depth_groups.x={layers:[0],bits:8}"]]
+                ["+experiment=finding3", "quant=int8", "+quant.depth_groups.x={layers:[0],bits:8}"],
+                # a layer's quantization settings follow its bits, whichever preset set them
+                ["quant.attn.bits=8", "+quant.attn.threshold=1.0"]]
     with initialize_config_dir(config.CONF, version_base="1.3"):
         for args in accepted:
             keys = config.chosen(args)
@@ -304,6 +305,26 @@ def test_keys_the_chosen_presets_have_pass():
             config.check_keys(compose("config", overrides=args), keys=keys)
         assert config.chosen(["+experiment=finding1", "seed=3", "quant=int8"]) is None  # nothing appended: no reading
     assert config.chosen(["+model.seed=5"]) is None  # outside Hydra: the check over every preset stands
+
+
+def test_presets_on_the_users_search_path(tmp_path):
+    """A user's own presets (hydra.searchpath) are composed as Hydra composes them: their keys pass the chosen-preset
+    check, and a key no preset of qft's declares stays unknown whether or not another override appends a key."""
+    from hydra import compose, initialize_config_dir
+
+    from qft import config
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "mine.yaml").write_text("defaults: [tiny_llama, _self_]\nname: mine\n")
+    (tmp_path / "model" / "typo.yaml").write_text("defaults: [tiny_llama, _self_]\nrevison: main\n")
+    path = f"hydra.searchpath=[file://{tmp_path}]"
+    with initialize_config_dir(config.CONF, version_base="1.3"):
+        args = [path, "model=mine", "++model.seed=5"]
+        config.check_keys(compose("config", overrides=args), keys=config.chosen(args))
+        for extra in ([], ["++train.steps=3"]):
+            args = [path, "model=typo", *extra]
+            with pytest.raises(QftError, match="model.revison='main': unknown key"):
+                config.check_keys(compose("config", overrides=args), keys=config.chosen(args))
 
 
 def test_cli_refuses_a_key_the_chosen_presets_lack(tmp_path, capsys):
@@ -319,9 +340,9 @@ def test_cli_refuses_a_key_the_chosen_presets_lack(tmp_path, capsys):
     records = [json.loads(f.read_text()) for f in sorted((tmp_path / "s").glob("*/result.json"))]
     assert sweep.returncode == 0 and len(records) == 2, sweep.stderr[-1500:]
     assert all(r["status"] == "failed" and "logger.dir" in r["error"] for r in records)
-    assert config.compose(["quant=nf4", "+quant.attn.threshold=1.0"], "qft.budget") is None  # the other CLIs
-    assert capsys.readouterr().err.strip() == ("qft.budget: error: quant.attn.threshold=1.0: not a key of the chosen "
-                                               "presets; it is one of quant=attn8_mlp4, quant=int8")
+    assert config.compose(["+logger.dir=/x"], "qft.budget") is None  # the other CLIs
+    assert capsys.readouterr().err.strip() == ("qft.budget: error: logger.dir='/x': not a key of the chosen presets; "
+                                               "it is one of logger=tensorboard")
 
 
 def test_user_named_maps_stay_open(tmp_path):

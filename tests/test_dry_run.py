@@ -105,3 +105,12 @@ def test_a_missing_model_folder_is_that_jobs_error_not_a_crash(paper_env):
     assert line.endswith(f"| error: model.path='{paper_env / 'no-such-model'}': must be a Hugging Face model folder "
                          f"with config.json, or a .gguf file")
     assert "0 fit 80 GiB, 0 do not, 1 fail validation" in res.stdout
+
+
+def test_a_key_the_chosen_presets_lack_is_that_jobs_error(paper_env):
+    """The dry run refuses what the job would: here a seed for a model read from a folder (model=llama2_7b is an
+    architecture preset, which has one; paper_7b does not)."""
+    res = dry_run(paper_env, "grid.rank=4", "+model.seed=5")
+    assert res.returncode == 0, res.stderr[-3000:]
+    [line] = [l for l in res.stdout.splitlines() if l.startswith("job ")]
+    assert line.endswith("| error: model.seed=5: not a key of the chosen presets; it is one of model=tiny_llama")

@@ -314,7 +314,7 @@ def sweep_in_process(tmp_path, monkeypatch, *overrides) -> tuple[list, list]:
 
     seen, refs = [], []
 
-    def fake_run(cfg, run_dir):
+    def fake_run(cfg, run_dir, keys=None):
         seen.append((gc.get_freeze_count(), [r() is None for r in refs]))
         big = Cycle()
         refs.append(weakref.ref(big))

@@ -80,7 +80,7 @@ class DryRunLauncher(Launcher):
             config.hydra.sweep.dir = self.scratch
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from qft import model
+        from qft import config, model
         from qft.tools import memory
         from qft.errors import QftError
 
@@ -104,6 +104,8 @@ class DryRunLauncher(Launcher):
                 result: dict = {"job": idx, "overrides": list(filter_overrides(overrides))}
                 try:
                     note = ""
+                    over = sweep_config.hydra.overrides
+                    config.check_keys(cfg, keys=config.chosen([*over.hydra, *over.task], sweep_config.hydra.job.config_name))
                     try:
                         est = memory.estimate(cfg, model.resolve(cfg.model, cfg.cache_dir))
                     except QftError as e:  # data or MMLU files that only the cluster has: size the job without them
