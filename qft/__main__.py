@@ -10,7 +10,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
-from qft.config import CONF, chosen, one_line
+from qft.config import CONF, job_keys, one_line
 from qft.errors import QftError
 
 # Models and data come from local folders (DESIGN), so qft's processes keep the Hugging Face stack offline. It
@@ -36,7 +36,7 @@ def main(cfg) -> float | None:
         pin_gpu(hc.job.num, os.environ)
     rec = None
     try:
-        rec = run(cfg, run_dir, chosen([*hc.overrides.hydra, *hc.overrides.task], hc.job.config_name))
+        rec = run(cfg, run_dir, job_keys(hc))
     except QftError as e:
         print(f"qft: error: {e}", file=sys.stderr)
         if not sweeping:  # in a sweep it is recorded as failed, and the other runs go on

@@ -104,6 +104,12 @@ def chosen(overrides, config_name: str = "config") -> dict[str, frozenset] | Non
     return {**keys, **{p: keys[p] | declared()[p] for p in ("quant.attn", "quant.mlp") if p in keys}}
 
 
+def job_keys(hydra_cfg) -> dict[str, frozenset] | None:
+    """chosen() for a Hydra job, from its own overrides (Hydra's included), as the task function and the dry-run
+    launcher see them."""
+    return chosen([*hydra_cfg.overrides.hydra, *hydra_cfg.overrides.task], hydra_cfg.job.config_name)
+
+
 def _unknown(path: str, keys: dict[str, frozenset] | None = None) -> str:
     return f"unknown key; allowed under {path or 'the top level'}: {', '.join(sorted((keys or declared())[path]))}"
 

@@ -165,7 +165,7 @@ def check(cfg, files: bool = True, key: str = "model") -> None:
 
 def resolve(cfg, cache_dir: str | Path) -> Source:
     """Locate weights, tokenizer and architecture config without reading any weight."""
-    from transformers import AutoConfig
+    from transformers import CONFIG_MAPPING, AutoConfig
 
     cache_dir = Path(os.path.expanduser(str(cache_dir)))
     trust = bool(cfg.get("trust_remote_code", False))
@@ -180,8 +180,6 @@ def resolve(cfg, cache_dir: str | Path) -> Source:
         return Source(cfg.name, folder, folder, _load_config(folder, trust), trust)
     if cfg.source == "random":
         tok = resolve(cfg.tokenizer, cache_dir).tokenizer_dir
-        from transformers import CONFIG_MAPPING
-
         arch = dict(cfg.arch)
         if arch.get("model_type") not in CONFIG_MAPPING:
             raise QftError("model.arch.model_type", arch.get("model_type"),

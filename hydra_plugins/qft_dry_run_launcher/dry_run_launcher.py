@@ -104,8 +104,7 @@ class DryRunLauncher(Launcher):
                 result: dict = {"job": idx, "overrides": list(filter_overrides(overrides))}
                 try:
                     note = ""
-                    over = sweep_config.hydra.overrides
-                    config.check_keys(cfg, keys=config.chosen([*over.hydra, *over.task], sweep_config.hydra.job.config_name))
+                    config.check_keys(cfg, keys=config.job_keys(sweep_config.hydra))
                     try:
                         est = memory.estimate(cfg, model.resolve(cfg.model, cfg.cache_dir))
                     except QftError as e:  # data or MMLU files that only the cluster has: size the job without them
