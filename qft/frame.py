@@ -60,8 +60,8 @@ def row(rec: dict, path: Path) -> dict:
 
 def run_kind(execution: dict | None, versions: dict | None = None, history=()) -> str | None:
     """What one comparison must not mix (docs/studies.md), as one string: the GPU, or the CPU (name, family/model
-    numbers where recorded) and its kind, the thread count, the compute dtype, fused or unfused projections and the
-    torch version, each where recorded (any of them can move a result's last bits); a run resumed on another kind
+    numbers where recorded) and its kind, the thread count, the compute dtype, fused or unfused projections, a
+    pipeline's layers per stage and micro-batches, and the torch version, each where recorded (any of them can move a result's last bits); a run resumed on another kind
     names every kind it ran on. None for records made before qft recorded execution."""
     if not execution:
         return None
@@ -75,6 +75,9 @@ def _kind(e: dict, versions: dict | None) -> str:
              f"{threads} thread{'' if threads == 1 else 's'}", str(e.get("compute_dtype"))]
     if "fuse_projections" in e:
         parts.append("fused" if e["fuse_projections"] else "unfused")
+    if e.get("pipeline"):
+        stages = " | ".join(f"{a}-{b - 1}" for a, b in e["pipeline"]["layers"])
+        parts.append(f"pipeline stages {stages}, {e['pipeline']['micro_batches']} micro-batches")
     torch = e.get("torch") or (versions or {}).get("torch")
     return ", ".join(parts + ([f"torch {torch}"] if torch else []))
 

@@ -52,6 +52,9 @@ def run(cfg, run_dir: Path, keys=None) -> dict:
         stage_plan = stages.plan(cfg, source.model_type) if cfg.offload.mode == "pipeline" else None
         if stage_plan:
             rec["pipeline"] = stage_plan.__dict__
+            # each stage draws its layers' dropout masks from its own process's random stream: the layout moves
+            # the numbers (qft.frame.run_kind keeps such runs apart)
+            rec["execution"]["pipeline"] = {"layers": stage_plan.layers, "micro_batches": cfg.offload.micro_batches}
             device = pipeline.init(cfg, device)
         tokenizer = model.load_tokenizer(source)
         task = data.prepare(cfg.data, tokenizer, cfg.cache_dir)

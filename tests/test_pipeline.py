@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 
 from qft.planning import stages
 from qft.errors import QftError
+from qft.frame import run_kind
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN = ["model=tiny_llama", "device=cpu", "quant.compute_dtype=fp32", "adapter.dropout=0.0",
@@ -47,6 +48,9 @@ def test_pipeline_matches_the_single_process_run(single, tmp_path, stages, sched
     assert rec["status"] == "ok" and rec["pipeline"]["layers"] == [[round(4 * s / stages), round(4 * (s + 1) / stages)]
                                                                    for s in range(stages)]
     assert rec["config_hash"] == ref["config_hash"]  # how it ran is no part of what it computed
+    # but it is part of how it ran: with dropout on, the layout changes each stage's masks, so no comparison mixes it
+    assert rec["execution"]["pipeline"] == {"layers": rec["pipeline"]["layers"], "micro_batches": 4}
+    assert "pipeline stages 0-" in run_kind(rec["execution"]) and "pipeline" not in run_kind(ref["execution"])
     losses = [l for _, l in rec["loss_curve"]]
     ref_losses = [l for _, l in ref["loss_curve"]]
     assert len(losses) == 3 and losses == pytest.approx(ref_losses, rel=1e-4)
