@@ -1,10 +1,11 @@
 """Old (data format 1, prompts whose length told the label) against new (format 2) rank_sweep test accuracy on
 Reuters R8, per cell and seed: `python experiments/leak_rerun/compare.py` prints the table and writes comparison.md.
 
-The two sides differ in more than the prompt budget, and the table says so: format 2 also drops repeats by the
-prompt the model sees (a few test examples changed), and the old records ran on a 2-core Intel Xeon with AMX, the
-new ones on the CPU named in their records; both computed in bf16. So old - new measures the fix together with the
-machine, on test splits that share about 98% of their examples; it is a per-seed comparison, not a paired one.
+The two sides differ in more than the prompt budget: format 2 drops training items whose prompt equals a test
+prompt, which redrew the splits (131 of 200 test, 1 of 50 validation and 1,000 of 1,600 training examples shared),
+and the old records ran on a 2-core Intel Xeon with AMX, the new ones on the CPU named in their records, with another
+transformers version and qft code; both computed in bf16. So old - new measures the fix together with the data, the
+machine and the code; it is a per-seed comparison, not a paired one, and no estimate of the leak alone.
 """
 
 from __future__ import annotations
