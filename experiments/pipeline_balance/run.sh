@@ -2,7 +2,8 @@
 # Measured per-stage memory of a 2- and 3-stage 1F1B pipeline on SmolLM2-135M (NF4, r=8 everywhere, BBC News):
 # the memory-balanced split against the uniform one, in fp32 and in bf16 compute (named, not `auto`, so a CPU without
 # bf16 units is not asked to emulate it: set DTYPES=fp32 there). CPU processes with gloo; the record of each run holds
-# the plan (estimated peaks) and the measured resident + step peak of every stage.
+# the plan (estimated peaks) and the measured resident + step peak of every stage. Arguments are passed to every run
+# (sweep.force=true measures again where ok records of the same config exist).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
@@ -15,7 +16,7 @@ for dtype in ${DTYPES:-fp32 bf16}; do
     for split in memory uniform; do
       OMP_NUM_THREADS=1 QFT_PROGRESS=0 $PY -m torch.distributed.run --nproc-per-node $stages \
         --master-port $((29600 + stages)) -m qft $COMMON quant.compute_dtype=$dtype offload.stages=$stages \
-        offload.split=$split hydra.run.dir=$OUT/runs/$dtype-stages$stages-$split
+        offload.split=$split hydra.run.dir=$OUT/runs/$dtype-stages$stages-$split "$@"
     done
   done
 done
