@@ -94,14 +94,19 @@ def chosen(overrides, config_name: str = "config") -> dict[str, frozenset] | Non
         return None
     loader = GlobalHydra.instance().config_loader()
     parsed = OverridesParser.create().parse_overrides(list(overrides))
-    kept = [o.input_line for o in parsed if not ((o.is_add() or o.is_force_add()) and not o.is_hydra_override()
-                                                 and not loader.repository.group_exists(o.key_or_group))]
-    if len(kept) == len(parsed):
+    appended = {o.key_or_group for o in parsed if (o.is_add() or o.is_force_add()) and not o.is_hydra_override()
+                and not loader.repository.group_exists(o.key_or_group)}
+    if not appended:
         return None
-    base = OmegaConf.to_container(loader.load_configuration(config_name, kept, RunMode.RUN), resolve=False)
+    kept = [o.input_line for o in parsed if o.key_or_group not in appended]  # and what later changes or deletes them
+    try:
+        base = OmegaConf.to_container(loader.load_configuration(config_name, kept, RunMode.RUN), resolve=False)
+    except Exception:  # noqa: BLE001 - what they leave does not compose alone: the check over every preset stands
+        return None
     keys = _walk([("chosen", (), base)])[0]
-    # a layer's quantization settings: which of them it reads follows its bits, not the preset that set them
-    return {**keys, **{p: keys[p] | declared()[p] for p in ("quant.attn", "quant.mlp") if p in keys}}
+    # the outlier threshold is read by an 8-bit layer, whichever preset made it one (quant.attn.bits=8)
+    return {**keys, **{p: keys[p] | {"threshold"} for p in ("quant.attn", "quant.mlp")
+                       if p in keys and (base["quant"][p.split(".")[1]] or {}).get("bits") == 8}}
 
 
 def job_keys(hydra_cfg) -> dict[str, frozenset] | None:

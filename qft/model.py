@@ -180,7 +180,9 @@ def resolve(cfg, cache_dir: str | Path) -> Source:
         return Source(cfg.name, folder, folder, _load_config(folder, trust), trust)
     if cfg.source == "random":
         tok = resolve(cfg.tokenizer, cache_dir).tokenizer_dir
-        arch = dict(cfg.arch)
+        from omegaconf import OmegaConf
+
+        arch = OmegaConf.to_container(cfg.arch, resolve=True)  # nested values (rope_scaling, layer_types) as plain ones
         if arch.get("model_type") not in CONFIG_MAPPING:
             raise QftError("model.arch.model_type", arch.get("model_type"),
                            "a model type transformers knows, such as llama, mistral, qwen2 or gemma")
@@ -188,14 +190,29 @@ def resolve(cfg, cache_dir: str | Path) -> Source:
             config = AutoConfig.for_model(**arch)
         except Exception as e:
             raise QftError("model.arch", arch, f"not a valid transformers config ({str(e)[:300]})") from e
-        # transformers keeps a field its config class does not know as a plain attribute that no model code reads
-        # (a typo such as num_hiden_layers); old names it maps (rope_theta) leave no such attribute
-        unread = sorted(set(config.to_dict()) - set(AutoConfig.for_model(arch["model_type"]).to_dict()))
+        # transformers keeps a field its config class does not declare as a plain attribute (a typo such as
+        # num_hiden_layers); old names it maps (rope_theta) leave none, and some it reads by name (head_dim on qwen2)
+        extra = sorted(set(config.to_dict()) - set(AutoConfig.for_model(arch["model_type"]).to_dict()))
+        unread = [k for k in extra if k not in _model_source(config)] if extra else []
         if unread:
             raise QftError(f"model.arch.{unread[0]}", arch[unread[0]],
-                           f"not a field of {type(config).__name__}, which would keep it and read nothing")
+                           f"neither {type(config).__name__} nor its model code reads it")
         return Source(cfg.name, None, tok, config, False, int(cfg.get("seed", 0)))
     raise QftError("model.source", cfg.source, "allowed: pypi_gguf, random (or set model.path)")
+
+
+def _model_source(config) -> str:
+    """The text of a config class's configuration and modeling modules: a field they never name is read by nothing."""
+    import importlib
+    import inspect
+
+    name = type(config).__module__
+    text = inspect.getsource(importlib.import_module(name))
+    try:
+        text += inspect.getsource(importlib.import_module(name.replace(".configuration_", ".modeling_")))
+    except (ImportError, OSError):
+        pass
+    return text
 
 
 def _load_config(folder: Path, trust: bool):

@@ -266,6 +266,8 @@ def test_every_preset_and_experiment_composes_to_declared_keys():
 @pytest.mark.parametrize("args,line", [
     (["+model.seed=5"], "model.seed=5: not a key of the chosen presets; it is one of model=tiny_llama"),
     (["+evaluate.limit=5"], "evaluate={'limit': 5}: not a key of the chosen presets; it is one of evaluate=mmlu"),
+    (["quant=nf4", "+quant.mlp.threshold=2.0"], "quant.mlp.threshold=2.0: not a key of the chosen presets; it is "
+                                                "one of quant=int8"),  # a 4-bit layer reads no outlier threshold
     (["model=local", "model.path=/x", "+model.arch.rope_theta=1.0"], "model.arch={'rope_theta': 1.0}: not a key of "
                                                                       "the chosen presets; it is one of model=llama2_7b"),
     (["+grid.rank=1"], "grid={'rank': 1}: not a key of the chosen presets; it is one of +experiment=_sweep"),
@@ -296,8 +298,10 @@ def test_keys_the_chosen_presets_have_pass():
                 ["+experiment=rank_sweep", "+grid.no_preset_axis=1"], ["+adapter.projections.k_proj={r:2}"],
                 ["data=reuters_r8", "+data.label_words.no_preset_label=money", "++train.steps=3"],
                 ["+experiment=finding3", "quant=int8", "+quant.depth_groups.x={layers:[0],bits:8}"],
-                # a layer's quantization settings follow its bits, whichever preset set them
-                ["quant.attn.bits=8", "+quant.attn.threshold=1.0"]]
+                # an 8-bit layer reads its threshold, whichever preset made it 8-bit; a later override may change it
+                ["quant.attn.bits=8", "+quant.attn.threshold=1.0"],
+                ["quant.attn.bits=8", "+quant.attn.threshold=1.0", "quant.attn.threshold=2.0"],
+                ["model=tiny_llama", "+model.arch.rope_theta=5.0", "~model.arch.rope_theta"]]
     with initialize_config_dir(config.CONF, version_base="1.3"):
         for args in accepted:
             keys = config.chosen(args)
@@ -355,6 +359,20 @@ def test_user_named_maps_stay_open(tmp_path):
     config.check_keys(cfg)  # names no preset declares, each in a map whose keys are the user's
     assert cfg.model.arch.rope_theta == 50000.0 and cfg.data.label_words.no_preset_label == "money"
     assert model.resolve(cfg.model, cfg.cache_dir).config.rope_parameters["rope_theta"] == 50000.0  # an old name, mapped
+
+
+@pytest.mark.parametrize("args,check", [
+    (["model.arch.model_type=qwen2", "+model.arch.head_dim=32"], lambda c: c.head_dim == 32),  # read by name
+    (["model.arch.model_type=gemma3_text", "+model.arch.sliding_window_pattern=2"],
+     lambda c: c.layer_types[:2] == ["sliding_attention", "full_attention"]),
+    (["+model.arch.rope_scaling={rope_type:linear,factor:2.0}"], lambda c: c.rope_parameters["factor"] == 2.0),
+    (["model.arch.model_type=qwen2", "+model.arch.layer_types=[full_attention,full_attention,full_attention,"
+      "full_attention]"], lambda c: c.layer_types == ["full_attention"] * 4),
+])
+def test_architecture_fields_the_model_reads_pass(args, check):
+    """Fields a config class does not declare but its model code reads, and nested values, reach transformers."""
+    cfg = make_cfg(*args)
+    assert check(model.resolve(cfg.model, cfg.cache_dir).config)
 
 
 def test_a_package_header_is_read_as_hydra_reads_it():
