@@ -269,6 +269,19 @@ def test_no_comparison_mixes_cpu_kinds_threads_or_compute_dtypes(tmp_path):
         assert "| not comparable (kinds of execution differ) |" in summary
 
 
+def test_a_repeated_configuration_and_seed_is_named_not_dropped_silently(tmp_path):
+    """Two records of one config and seed (another machine or pipeline layout: neither is hashed) cannot both be a
+    seed: the tables keep the last by folder and say which were left out."""
+    for seed, acc in enumerate([0.90, 0.91, 0.92]):
+        _record(tmp_path / "runs" / f"a{seed}", "bbc", 8, 8, seed, acc)
+    _record(tmp_path / "runs" / "b1", "bbc", 8, 8, 1, 0.95)
+    df = report.collect([tmp_path / "runs"])
+    g = report.grouped(df)
+    assert g.n_seeds.tolist() == [3] and g.acc_mean.tolist() == pytest.approx([np.mean([0.90, 0.95, 0.92])])
+    assert "- 1 of 4 records repeat the configuration and seed of another and are left out (the last by folder " \
+           "stands): a1" in report.markdown(g, df)
+
+
 def test_declared_contrasts_use_exactly_the_plans_seeds(tmp_path):
     """A plan's verdicts are on its declared seeds (the amended list where there is one): a report run mid-study says
     "not run" rather than giving a verdict on fewer, and a seed beyond the list does not enter."""

@@ -4,6 +4,7 @@ prose, which says what each number is and what a reader must know before compari
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 from qft.tools.report.compare import MARGIN
 from qft.frame import AXES, THIRDS
@@ -105,6 +106,10 @@ def _provenance(ok) -> list[str]:
     commits = sorted({str(c)[:10] for c in ok.get("qft_commit", []) if c})
     if len(commits) > 1:
         notes.append(f"- these records span qft code versions (source digest, else commit): {', '.join(commits)}")
+    repeats = ok[ok.duplicated(["config_key", "seed"], keep="last")] if "config_key" in ok else ok.iloc[:0]
+    if len(repeats):  # one config and seed twice: another machine, thread count or pipeline layout, none of them hashed
+        notes.append(f"- {len(repeats)} of {len(ok)} records repeat the configuration and seed of another and are left "
+                     f"out (the last by folder stands): {', '.join(sorted(Path(str(d)).name for d in repeats.run_dir))}")
     missing = int((~ok.has_examples).sum()) if "has_examples" in ok else 0
     if missing:
         notes.append(f"- {missing} of {len(ok)} records keep no per-example scores (made before they were kept): "
