@@ -1,4 +1,4 @@
-"""Would shared-input LoRA pay on a CPU? The LoRA paths of a q/k/v group, forward and backward, three ways, in turn.
+"""Would shared-input LoRA pay on a CPU? The LoRA paths of a q/k/v group, forward and backward, four ways, in turn.
 
     python benchmarks/lora_inputs.py                 # SmolLM2-135M's attention group, batch 16 x seq 64, r=8
     python benchmarks/lora_inputs.py --tokens 4096
