@@ -26,6 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PROJ = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+ISA_CAPS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")  # an emulated CPU kind
 
 
 def overrides(a) -> list[str]:
@@ -249,6 +250,7 @@ def main() -> None:
         return worker(a)
     out_dir = Path(a.out)
     out_dir.mkdir(parents=True, exist_ok=True)
+    from qft import record
     from qft.model import compute_dtype_name
 
     qft_dtype = compute_dtype_name(compose(a).quant.compute_dtype)  # what qft computes in on this machine
@@ -299,7 +301,12 @@ def main() -> None:
     summary["settings"] = {"steps": a.steps, "batch": a.batch, "seq": a.seq, "reps": a.reps, "test": a.test,
                            "baseline_dtype": a.baseline_dtype, "qft_overrides": a.qft_overrides, "also": a.also,
                            "threads": __import__("torch").get_num_threads(), "cpu_capability":
-                           __import__("torch").backends.cpu.get_cpu_capability(), "cpu": cpu_name()}
+                           __import__("torch").backends.cpu.get_cpu_capability(), "cpu": cpu_name(),
+                           # what the comparison's CPU kind was (amx_bf16, avx512_bf16, avx2, ...), when, and any
+                           # instruction-set cap put on torch, oneDNN and MKL (an emulated kind is not the kind)
+                           "cpu_kind": record.cpu_kind()[1], "cpu_id": record.cpu_id(),
+                           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                           "isa_caps": {k: os.environ[k] for k in ISA_CAPS if k in os.environ}}
     summary["runs"] = runs
     name = f"speed-seq{a.seq}-baseline_{a.baseline_dtype}" + ("-unfused" if a.unfused else "") + "".join("-also-" + o.replace("=", "_") for o in a.also) + ("-" + "-".join(o.replace("=", "_") for o in a.qft_overrides) if a.qft_overrides else "")
     (out_dir / f"{name}.json").write_text(json.dumps(summary, indent=1))
