@@ -193,7 +193,8 @@ def resolve(cfg, cache_dir: str | Path) -> Source:
         # transformers keeps a field its config class does not declare as a plain attribute (a typo such as
         # num_hiden_layers); old names it maps (rope_theta) leave none, and some it reads by name (head_dim on qwen2)
         extra = sorted(set(config.to_dict()) - set(AutoConfig.for_model(arch["model_type"]).to_dict()))
-        unread = [k for k in extra if k not in _model_source(config)] if extra else []
+        source = _model_source(config) if extra else ""  # read once, and only where there is something to look up
+        unread = [k for k in extra if k not in source]
         if unread:
             raise QftError(f"model.arch.{unread[0]}", arch[unread[0]],
                            f"neither {type(config).__name__} nor its model code reads it")

@@ -7,10 +7,10 @@ single-process run), keeps only its stage's layers, and runs torch.distributed.p
 schedule over the step's micro-batches (gloo on CPU, NCCL on GPUs). Gradients are clipped by the global
 norm across stages and every stage steps its own AdamW, so with dropout off the loss curve and the adapter
 match the single-process run to numerical tolerance. With dropout on, each stage draws its layers' masks from its
-own process's random stream, so the stage layout changes the masks (a tiny model's loss moves by 1e-3 from the second
-step, once LoRA's B is no longer zero): the record's `execution.pipeline` names the layout, and the report calls a
-comparison across layouts not comparable, as across CPU kinds. Afterwards the stages' adapter weights are gathered on rank 0,
-which scores and records the run as usual.
+own process's random stream, so the stage layout changes the masks (a tiny model's loss moves by 1e-3 from the
+second step, once LoRA's B is no longer zero): the record's `execution.pipeline` names the layout, and the report
+calls a comparison across layouts not comparable, as across CPU kinds. Afterwards the stages' adapter weights are
+gathered on rank 0, which scores and records the run as usual.
 
 The stage boundaries come from `qft.planning.stages.plan`, balanced on per-stage peak memory.
 """
