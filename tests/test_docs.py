@@ -81,9 +81,9 @@ def environment(words: list[str]) -> tuple[dict, list[str]]:
     return env, words
 
 
-def check_qft_run(args: list[str], env: dict, monkeypatch) -> None:
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
+def jobs(args: list[str]):
+    """(overrides, composed config) of every job a `python -m qft` command line runs: its own grid points, each
+    crossed with the experiment's sweeper grid where the line does not set that key."""
     overrides = [a for a in args if a not in ("--multirun", "-m")]
     for point in grid(overrides):
         cfg = hydra_cfg(point, with_hydra=True)
@@ -91,10 +91,16 @@ def check_qft_run(args: list[str], env: dict, monkeypatch) -> None:
         extra = [[f"{k}={v}" for v in split_values(str(val))] for k, val in sweep.items() if k not in
                  {o.partition("=")[0] for o in point}]
         for more in itertools.product(*extra) if extra else [()]:
-            job = hydra_cfg([*point, *more])
-            dry = "hydra/launcher=dry_run" in point
-            # a dry run plans jobs for a cluster: its data and benchmark files live there
-            validate.validate(job, planning=job.device == "cuda" or dry, files=not dry and not env)
+            yield point, hydra_cfg([*point, *more])
+
+
+def check_qft_run(args: list[str], env: dict, monkeypatch) -> None:
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    for point, job in jobs(args):
+        dry = "hydra/launcher=dry_run" in point
+        # a dry run plans jobs for a cluster: its data and benchmark files live there
+        validate.validate(job, planning=job.device == "cuda" or dry, files=not dry and not env)
 
 
 def sweep_folders() -> set[str]:
@@ -160,3 +166,38 @@ def test_gpu_check_runs_its_cpu_parts_and_names_what_it_skips():
     assert rows["paged 8-bit AdamW"] == "skipped" and len(rows) == 10
     # ok where this CPU has bf16 units, else skipped (emulated bf16 would take minutes); never FAIL
     assert rows["quant.attention_dtype=fp32 vs compute"] == ("ok" if model.native_bf16("cpu") else "skipped")
+
+
+PLANS = sorted((ROOT / "experiments").glob("*/plan.yaml"))
+
+
+@pytest.mark.parametrize("plan", PLANS, ids=[p.parent.name for p in PLANS])
+def test_every_declared_cell_is_one_configuration_the_study_runs(plan, tmp_path):
+    """Each cell of a study's declared contrasts matches exactly one of the configurations its README's commands run
+    (one seed each): a cell named too loosely (finding 2's reference against its depth cells, whose attention and MLP
+    alphas are the reference's) or one no command makes would leave its contrast without a verdict."""
+    import json
+
+    from qft import record
+    from qft.tools.report import declared
+
+    lines = [line for where, line in COMMANDS if where == f"experiments/{plan.parent.name}/README.md"
+             and re.search(r"python -m qft \+experiment=", line) and "_pilot" not in line]
+    assert lines, plan
+    configs = {}
+    for line in lines:
+        _, words = environment(shlex.split(line))
+        seedless = [w for w in words[3:] if not w.startswith("seed=")]
+        for _, job in jobs(seedless):
+            conf = record.resolved(job)
+            configs[json.dumps(conf, sort_keys=True)] = conf
+    for i, conf in enumerate(configs.values()):
+        (tmp_path / str(i)).mkdir()
+        (tmp_path / str(i) / "result.json").write_text(json.dumps(
+            {"status": "ok", "config": conf, "seed": 0, "final_accuracy": {"test": 0.5}}))
+    df = report.collect([tmp_path])
+    assert len(set(df.config_key)) == len(configs)
+    for source, ok in df.groupby("cfg.data.source"):  # the report reads a plan on each dataset's records apart
+        for c in report.read_plan(plan)["contrasts"]:
+            for side in ("a", "b"):
+                assert len(declared.cell_keys(ok, c[side])) == 1, (plan.parent.name, source, c["name"], side)

@@ -172,12 +172,14 @@ def test_report_table_and_plots(tmp_path):
         "| none | 0 | 1 | 0.000 | 1.000 |", "| attn | 4 | 3 | 0.750 | 0.333 |"]
     plan = tmp_path / "plan.yaml"
     plan.write_text("margin: 0.05\ncontrasts:\n  - {name: both at 4 vs untrained, a: {attn_r: 4, mlp_r: 4}, "
-                    "b: {attn_r: 0, mlp_r: 0}}\n  - {name: missing cell, a: {attn_r: 9}, b: {attn_r: 4, mlp_r: 4}}\n"
+                    "b: {attn_r: 0, mlp_r: 0}}\n  - {name: missing cell, a: {attn_r: 9}, b: {attn_r: 4}}\n"
                     "  - {name: two seeds only, a: {attn_r: 4, mlp_r: 0}, b: {attn_r: 0, mlp_r: 4}}\n")
     files = report.report([runs], tmp_path / "out2", plan=plan)
     text = files["contrasts"].read_text()
     # Holm over the whole declared family of 3; two trained cells sharing 2 seeds get no verdict
     assert "Holm across all 3, 2 of them not computable" in text and "| missing cell | - |" in text
+    # a cell no record matches, and one named too loosely to tell two configurations apart ((4, 4) and (4, 0))
+    assert "| not computable: cell a matches no records; cell b matches 2 configurations |" in text
     assert "| two seeds only | - |" in text
     row = json.loads((tmp_path / "out2" / "contrasts.json").read_text())[0]
     assert row["method"] == "paired-crossed" and row["n_seeds"] == 3 and row["n_examples"] == 10

@@ -40,15 +40,27 @@ def declared_seeds(plan: dict) -> list | None:
     return None if seeds is None else sorted(set(seeds))
 
 
+def cell_keys(ok, cell: dict) -> list:
+    """The configuration keys of the records a plan's cell matches; a cell names columns of the table or dotted
+    config keys."""
+    hit = ok[[all(equal(r[k] if k in r else r.get(f"cfg.{k}"), v) for k, v in cell.items()) for _, r in ok.iterrows()]]
+    return list(dict.fromkeys(hit.config_key))
+
+
 def _contrast_keys(ok, contrast: dict) -> list:
-    """The configuration keys of a contrast's cells a and b (None where no single configuration matches); a cell
-    names columns of the table or dotted config keys."""
-    keys = []
+    """The configuration keys of a contrast's cells a and b (None where no single configuration matches)."""
+    return [m[0] if len(m) == 1 else None for m in (cell_keys(ok, contrast[side]) for side in ("a", "b"))]
+
+
+def _unmatched(ok, contrast: dict) -> str:
+    """Why a contrast has no single configuration on a side: a cell the records lack, or one the plan names too
+    loosely to tell configurations apart."""
+    out = []
     for side in ("a", "b"):
-        hit = ok[[all(equal(r[k] if k in r else r.get(f"cfg.{k}"), v) for k, v in contrast[side].items())
-                  for _, r in ok.iterrows()]]
-        keys.append(hit.config_key.iloc[0] if hit.config_key.nunique() == 1 else None)
-    return keys
+        n = len(cell_keys(ok, contrast[side]))
+        if n != 1:
+            out.append(f"cell {side} matches {'no records' if n == 0 else f'{n} configurations'}")
+    return "; ".join(out)
 
 
 def _missing(ok, keys: list, seeds: list, untrained: set) -> list:
@@ -103,8 +115,10 @@ def contrasts(df, g, plan: dict) -> tuple[list[dict], str]:
             runs = [] if None in keys[i] else [d for k in keys[i] for d in seed_rows(ok, k).values()]
             why = (f"not run: {len(seeds) - len(missing[i])} of the {len(seeds)} declared seeds in both cells "
                    f"(missing {', '.join(map(str, missing[i]))})" if missing[i] else
+                   f"not computable: {_unmatched(ok, c)}" if None in keys[i] else
                    f"not comparable: its records ran on {' and '.join(mixed(ok, runs))}" if mixed(ok, runs) else
-                   f"not computable: a cell has no records, or fewer than {MIN_SEEDS} seeds both cells share")
+                   f"not computable: fewer than {MIN_SEEDS} seeds both cells share, or per-example scores on "
+                   f"different examples")
             cells.append([c["name"], "-", "-", "-", "-", "-", why, "", "", "", "", "", *([""] if loglik else [])])
             continue
         x = loglik.get(i)  # None where this contrast's log-likelihood comparison was not computable
