@@ -34,7 +34,8 @@ VERDICTS = ("differs", "equivalent", "inconclusive")
 @dataclass
 class Comparison:
     """One contrast: A - B with its standard error, degrees of freedom, 95% interval and p-values (two-sided for a
-    difference, TOST for equivalence within +-margin); `p_adj` and `p_tost_adj` are filled in across a family."""
+    difference, TOST for equivalence within +-margin, a minimum-effect test for a difference beyond +-margin);
+    `p_adj`, `p_tost_adj` and `p_beyond_adj` are filled in across a family."""
 
     diff: float
     se: float
@@ -51,6 +52,8 @@ class Comparison:
     p_tost_adj: float | None = None
     alpha: float = 0.05
     components: dict | None = None  # a paired comparison's own crossed variance components (seed, example, residual)
+    p_beyond: float = 1.0
+    p_beyond_adj: float | None = None
 
     @property
     def verdict(self) -> str:
@@ -62,21 +65,31 @@ class Comparison:
         q = self.p_tost_adj if self.p_tost_adj is not None else self.p_tost
         return q < self.alpha
 
+    @property
+    def beyond_margin(self) -> bool:
+        """The minimum-effect test rejects every difference within ±margin: a "differs" larger than the margin, which
+        a claim that one effect is larger than another (finding 2's) needs beside the other's equivalence."""
+        q = self.p_beyond_adj if self.p_beyond_adj is not None else self.p_beyond
+        return q < self.alpha
+
     def negated(self) -> "Comparison":
         """B - A from A - B."""
         return Comparison(-self.diff, self.se, self.df, -self.high, -self.low, self.p, self.p_tost, self.margin,
                           self.method, self.n_seeds, self.n_examples, self.p_adj, self.p_tost_adj, self.alpha,
-                          self.components)
+                          self.components, self.p_beyond, self.p_beyond_adj)
 
     def as_dict(self) -> dict:
-        return {**asdict(self), "verdict": self.verdict, "within_margin": self.within_margin}
+        return {**asdict(self), "verdict": self.verdict, "within_margin": self.within_margin,
+                "beyond_margin": self.beyond_margin}
 
     def word(self) -> str:
         """The verdict as a table prints it."""
         v = self.verdict
         if v == "equivalent":
             return f"equivalent within ±{self.margin:g}"
-        return f"differs (by less than ±{self.margin:g})" if v == "differs" and self.within_margin else v
+        if v == "differs" and self.within_margin:
+            return f"differs (by less than ±{self.margin:g})"
+        return f"differs (by more than ±{self.margin:g})" if v == "differs" and self.beyond_margin else v
 
 
 def _finish(diff: float, se: float, df: float, margin: float, method: str, n_seeds: int, n_examples=None,
@@ -86,11 +99,14 @@ def _finish(diff: float, se: float, df: float, margin: float, method: str, n_see
     if se == 0:  # every paired difference identical: the difference is exact
         p = 0.0 if diff != 0 else 1.0
         p_tost = 0.0 if abs(diff) < margin else 1.0
-        return Comparison(diff, se, df, diff, diff, p, p_tost, margin, method, n_seeds, n_examples)
+        return Comparison(diff, se, df, diff, diff, p, p_tost, margin, method, n_seeds, n_examples,
+                          p_beyond=0.0 if abs(diff) > margin else 1.0)
     q = st.t.ppf(0.5 + level / 2, df)
     p = 2 * st.t.sf(abs(diff) / se, df)
     p_tost = max(st.t.sf((diff + margin) / se, df), st.t.cdf((diff - margin) / se, df))
-    return Comparison(diff, se, df, diff - q * se, diff + q * se, p, p_tost, margin, method, n_seeds, n_examples)
+    p_beyond = min(1.0, 2 * min(st.t.sf((diff - margin) / se, df), st.t.cdf((diff + margin) / se, df)))
+    return Comparison(diff, se, df, diff - q * se, diff + q * se, p, p_tost, margin, method, n_seeds, n_examples,
+                      p_beyond=p_beyond)
 
 
 def welch(a, b, margin: float = 0.02) -> Comparison:
@@ -154,9 +170,9 @@ def paired(a: np.ndarray, b: np.ndarray, margin: float = 0.02) -> Comparison:
     mean, se, df, comp = crossed(d)
     if a.shape[0] == 1:
         return _finish(mean, se, df, margin, "paired-crossed", 1, a.shape[1])
-    low, high, p, p_tost = generalized(d, margin)
+    low, high, p, p_tost, p_beyond = generalized(d, margin)
     return Comparison(mean, se, df, low, high, p, p_tost, margin, "paired-crossed", a.shape[0], a.shape[1],
-                      components=comp)
+                      components=comp, p_beyond=p_beyond)
 
 
 def detectable(c: Comparison, alpha: float, power: float = 0.8) -> float | None:
@@ -173,8 +189,8 @@ def detectable(c: Comparison, alpha: float, power: float = 0.8) -> float | None:
 GPQ_DRAWS = 20_000
 
 
-def generalized(d: np.ndarray, margin: float, level: float = 0.95) -> tuple[float, float, float, float]:
-    """The 95% interval, two-sided p and TOST p of the mean of an (S seeds x N examples) matrix of paired differences,
+def generalized(d: np.ndarray, margin: float, level: float = 0.95) -> tuple[float, float, float, float, float]:
+    """The 95% interval, two-sided p, TOST p and minimum-effect p (a difference beyond ±margin, either side) of the mean of an (S seeds x N examples) matrix of paired differences,
     from the generalized pivotal quantity R = mean - Z sqrt(V*) with V* = (MS_s (S-1)/U_s + MS_i (N-1)/U_i
     - MS_e (S-1)(N-1)/U_e) / (S N), U chi-square (Weerahandi 1993; Burdick & Graybill 1992). Why not Satterthwaite's
     t: its degrees of freedom come from the same mean squares as the standard error, so a seed mean square small by
@@ -195,7 +211,7 @@ def generalized(d: np.ndarray, margin: float, level: float = 0.95) -> tuple[floa
             return float(np.where(pos, ndtr((r - mean) / np.where(pos, sd, 1)), r >= mean).mean())
 
     if not pos.any():  # every paired difference the same: the difference is exact
-        return mean, mean, float(mean == 0), float(abs(mean) >= margin)
+        return mean, mean, float(mean == 0), float(abs(mean) >= margin), float(abs(mean) <= margin)
 
     def quantile(q: float) -> float:
         w = float(np.median(sd[pos])) or 1e-12
@@ -209,20 +225,22 @@ def generalized(d: np.ndarray, margin: float, level: float = 0.95) -> tuple[floa
     below = cdf(0.0)
     p = min(1.0, 2 * min(below, 1 - below))
     p_tost = max(cdf(-margin), 1 - cdf(margin))
-    return quantile((1 - level) / 2), quantile((1 + level) / 2), p, p_tost
+    p_beyond = min(1.0, 2 * min(cdf(margin), 1 - cdf(-margin)))  # each side's one-sided test, doubled as p is
+    return quantile((1 - level) / 2), quantile((1 + level) / 2), p, p_tost, p_beyond
 
 
 def holm(comparisons: list) -> list:
-    """Holm's step-down adjustment (statsmodels) of the difference and of the equivalence p-values, across the whole
-    family: a member that could not be computed (None) counts as p = 1, so the family never shrinks."""
+    """Holm's step-down adjustment (statsmodels) of the difference, equivalence and minimum-effect p-values, each kind
+    across the whole family: a member that could not be computed (None) counts as p = 1, so the family never shrinks."""
     from statsmodels.stats.multitest import multipletests
 
     if comparisons:
         adj = multipletests([c.p if c else 1.0 for c in comparisons], method="holm")[1]
         adj_tost = multipletests([c.p_tost if c else 1.0 for c in comparisons], method="holm")[1]
-        for c, p, q in zip(comparisons, adj, adj_tost):
+        adj_beyond = multipletests([c.p_beyond if c else 1.0 for c in comparisons], method="holm")[1]
+        for c, p, q, b in zip(comparisons, adj, adj_tost, adj_beyond):
             if c is not None:
-                c.p_adj, c.p_tost_adj = float(p), float(q)
+                c.p_adj, c.p_tost_adj, c.p_beyond_adj = float(p), float(q), float(b)
     return comparisons
 
 

@@ -195,6 +195,38 @@ def test_a_real_difference_inside_the_margin_says_so():
     assert c.verdict == "differs" and c.within_margin and c.word() == "differs (by less than ±0.02)"
 
 
+def test_a_difference_beyond_the_margin_says_so():
+    """The minimum-effect test (finding 2's "more": one contrast beyond ±margin, another equivalent within it): the
+    t-based p is each side's one-sided test of the margin, doubled; the generalized one reads the same pivot."""
+    c = stats._finish(0.05, 0.01, 50, 0.02, "x", 3)
+    assert c.p_beyond == pytest.approx(2 * st.t.sf(3.0, 50)) and c.beyond_margin
+    assert c.word() == "differs (by more than ±0.02)" and c.negated().word() == "differs (by more than ±0.02)"
+    near = stats._finish(0.03, 0.01, 50, 0.02, "x", 3)  # differs from 0, not shown to exceed 0.02
+    assert near.verdict == "differs" and not near.beyond_margin and near.word() == "differs"
+    assert near.p_beyond == pytest.approx(2 * st.t.sf(1.0, 50))
+    assert stats._finish(-0.05, 0.0, 3, 0.02, "x", 3).beyond_margin  # exact, and beyond
+    assert not stats._finish(0.01, 0.0, 3, 0.02, "x", 3).beyond_margin  # exact, and inside
+    a = np.tile(np.r_[np.ones(5500), np.zeros(4500)], (3, 1))
+    b = a.copy()
+    b[:, :500] = 0  # 0.05 lower everywhere, on every seed
+    b[0, 9000:9010] = 1  # not quite the same on every seed, so the pivot has a spread
+    paired = stats.paired(a, b, margin=0.02)
+    assert paired.beyond_margin and paired.word() == "differs (by more than ±0.02)"
+    inside = stats.paired(a, np.where(np.arange(10000) < 80, 0, a), margin=0.02)
+    assert not inside.beyond_margin and inside.p_beyond == 1.0
+    stats.holm([c, None, None])
+    assert c.p_beyond_adj == pytest.approx(min(1.0, 3 * c.p_beyond))
+
+
+def test_the_beyond_margin_test_holds_its_level_at_the_margin():
+    """At a true difference of exactly +margin the doubled one-sided test rejects at about alpha/2 (it cannot know the
+    side in advance), never more than alpha."""
+    rng = np.random.default_rng(11)
+    se, df = 0.01, 30
+    hits = sum(stats._finish(0.02 + se * rng.standard_t(df), se, df, 0.02, "x", 3).beyond_margin for _ in range(4000))
+    assert 0.018 <= hits / 4000 <= 0.033, hits
+
+
 def test_holm_counts_a_missing_member_of_the_family():
     c = stats._finish(0.05, 0.01, 50, 0.02, "x", 3)
     stats.holm([c, None, None])

@@ -129,8 +129,10 @@ def contrasts(df, g, plan: dict) -> tuple[list[dict], str]:
     on = "" if seeds is None else f"; each on exactly the declared seeds {', '.join(map(str, seeds))}"
     lines = [f"Declared contrasts ({plan['metric']}, margin ±{plan['margin']:g}, alpha {plan['alpha']:g}, Holm across "
              f"all {len(found)}, {len(found) - len(comps)} of them not computable{on}). Holm runs within each kind of "
-             f"claim: differs (Holm p < alpha) and equivalent (Holm TOST p < alpha: both one-sided tests reject "
-             f"±margin), each with family-wise error alpha, so at most {2 * plan['alpha']:g} across both kinds. The "
+             f"claim: differs (Holm p < alpha), equivalent (Holm TOST p < alpha: both one-sided tests reject "
+             f"±margin) and, of a difference, by more than ±margin (Holm minimum-effect p < alpha: a one-sided test "
+             f"rejects every difference within ±margin), each with family-wise error alpha, so at most "
+             f"{3 * plan['alpha']:g} across the three kinds. The "
              f"95% interval shown is unadjusted. Finds (80%): the smallest difference this contrast's own seeds, "
              f"examples and variance components find with 80% power at alpha/{len(found)}; the components are those "
              f"of its paired differences.", "",
