@@ -225,7 +225,9 @@ def generalized(d: np.ndarray, margin: float, level: float = 0.95) -> tuple[floa
     below = cdf(0.0)
     p = min(1.0, 2 * min(below, 1 - below))
     p_tost = max(cdf(-margin), 1 - cdf(margin))
-    p_beyond = min(1.0, 2 * min(cdf(margin), 1 - cdf(-margin)))  # each side's one-sided test, doubled as p is
+    # each side's one-sided test, doubled as p is: conservative, its size at ±margin about alpha/2 once the margin
+    # is several SEs wide (exactly alpha only at margin 0)
+    p_beyond = min(1.0, 2 * min(cdf(margin), 1 - cdf(-margin)))
     return quantile((1 - level) / 2), quantile((1 + level) / 2), p, p_tost, p_beyond
 
 

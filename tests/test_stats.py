@@ -200,6 +200,7 @@ def test_a_difference_beyond_the_margin_says_so():
     t-based p is each side's one-sided test of the margin, doubled; the generalized one reads the same pivot."""
     c = stats._finish(0.05, 0.01, 50, 0.02, "x", 3)
     assert c.p_beyond == pytest.approx(2 * st.t.sf(3.0, 50)) and c.beyond_margin
+    assert stats._finish(-0.05, 0.01, 50, 0.02, "x", 3).p_beyond == pytest.approx(c.p_beyond)  # the lower side
     assert c.word() == "differs (by more than ±0.02)" and c.negated().word() == "differs (by more than ±0.02)"
     near = stats._finish(0.03, 0.01, 50, 0.02, "x", 3)  # differs from 0, not shown to exceed 0.02
     assert near.verdict == "differs" and not near.beyond_margin and near.word() == "differs"
@@ -212,6 +213,7 @@ def test_a_difference_beyond_the_margin_says_so():
     b[0, 9000:9010] = 1  # not quite the same on every seed, so the pivot has a spread
     paired = stats.paired(a, b, margin=0.02)
     assert paired.beyond_margin and paired.word() == "differs (by more than ±0.02)"
+    assert stats.paired(b, a, margin=0.02).p_beyond == pytest.approx(paired.p_beyond)  # the lower side
     inside = stats.paired(a, np.where(np.arange(10000) < 80, 0, a), margin=0.02)
     assert not inside.beyond_margin and inside.p_beyond == 1.0
     stats.holm([c, None, None])
@@ -219,8 +221,9 @@ def test_a_difference_beyond_the_margin_says_so():
 
 
 def test_the_beyond_margin_test_holds_its_level_at_the_margin():
-    """At a true difference of exactly +margin the doubled one-sided test rejects at about alpha/2 (it cannot know the
-    side in advance), never more than alpha."""
+    """The t form against its own model: at a true difference of exactly +margin the doubled one-sided test rejects
+    at about alpha/2 (it cannot know the side in advance), never more than alpha; a missing doubling gives 0.05, a
+    wrong sign about 0. (The generalized form's level: test_the_equivalence_test_holds_its_level_at_the_margin.)"""
     rng = np.random.default_rng(11)
     se, df = 0.01, 30
     hits = sum(stats._finish(0.02 + se * rng.standard_t(df), se, df, 0.02, "x", 3).beyond_margin for _ in range(4000))
@@ -292,10 +295,15 @@ def test_the_equivalence_test_holds_its_level_at_the_margin(monkeypatch, seed_va
     monkeypatch.setattr(stats, "GPQ_DRAWS", 2000)
     rng = np.random.default_rng(17)
     s, n, reps, margin = 5, 1000, 3000, 0.02
-    said = 0
+    said, beyond = 0, {margin: 0, -margin: 0}
     for i in range(reps):
         truth = margin if i % 2 else -margin
         d = (truth + rng.normal(0, seed_var ** 0.5, (s, 1)) + rng.normal(0, example_var ** 0.5, (1, n))
              + rng.normal(0, residual ** 0.5, (s, n)))
-        said += stats.paired(d, np.zeros((s, n)), margin=margin).p_tost < 0.05
+        c = stats.paired(d, np.zeros((s, n)), margin=margin)
+        said += c.p_tost < 0.05
+        beyond[truth] += c.p_beyond < 0.05
     assert 0.038 <= said / reps <= 0.062, said
+    # the minimum-effect test on the same margin, from the other side: each side's one-sided test, doubled, rejects
+    # about alpha/2 of the studies on each side (1,500 a side: binomial SE 0.004); one tail missing gives 0 on a side
+    assert all(0.012 <= k / (reps / 2) <= 0.040 for k in beyond.values()), beyond
