@@ -1,5 +1,6 @@
 import math
 import json
+import re
 import os
 import shutil
 import subprocess
@@ -257,17 +258,18 @@ def test_no_comparison_mixes_cpu_kinds_threads_or_compute_dtypes(tmp_path):
         g = report.grouped(df)
         return report.contrasts(df, g, plan)[1], report.markdown(g, df)
 
-    assert "| differs |" in tables()[0]  # 0.91 vs 0.82 over three seeds each: the control
+    differs = re.compile(r"\| differs( \(by (more|less) than ±0\.02\))? \|")  # a verdict cell, with or without a size
+    assert differs.search(tables()[0])  # 0.91 vs 0.82 over three seeds each: the control
     for change in ({"threads": 2}, {"cpu_kind": "amx"}, {"compute_dtype": "fp32"}, {"cpu_id": "family 26 model 2"},
                    None):
         shutil.rmtree(tmp_path / "runs" / "882")
         _record(tmp_path / "runs" / "882", "bbc", 8, 8, 2, 0.92, None if change is None else {**here, **change})
         text, summary = tables()
-        assert "| differs |" not in text and "not comparable: its records ran on " in text, change
+        assert not differs.search(text) and "not comparable: its records ran on " in text, change
         want = {None: "not recorded", "threads": "2 threads", "cpu_kind": "amx, 1 thread", "compute_dtype": "fp32",
                 "cpu_id": "family 26 model 2 avx512_bf16"}
         assert want[change and next(iter(change))] in text, text
-        assert " differs |" not in summary and "no comparison mixes them" in summary
+        assert not re.search(r" differs( \(by [^)]*\))? \|", summary) and "no comparison mixes them" in summary
         assert "| not comparable (kinds of execution differ) |" in summary
 
 
@@ -324,8 +326,11 @@ def test_report_splits_datasets_and_says_which_differences_beat_the_noise(tmp_pa
 
     welch = st.ttest_ind(accs[("bbc", 2, 2)], accs[("bbc", 8, 8)], equal_var=False)
     ci = welch.confidence_interval(0.95)
+    # and beyond ±0.02 by the minimum-effect test on the same t: each side's one-sided p, doubled (one comparison)
+    beyond = 2 * st.t.sf((0.090 - 0.02) / (0.090 / abs(welch.statistic)), welch.df)
+    assert beyond < 0.05
     assert f"| 0.820 | ±{st.t.ppf(0.975, 2) * 0.02 / math.sqrt(3):.3f} | -0.090 [{ci.low:+.3f}, {ci.high:+.3f}] " \
-           f"p_adj {welch.pvalue:.2g} differs |" in bbc
+           f"p_adj {welch.pvalue:.2g} differs (by more than ±0.02) |" in bbc
     assert "| 0.910 |" in bbc and "| best |" in bbc and "The reference is the best cell on this same test set" in bbc
     # reuters: 0.70 vs 0.70 with wide spreads: neither a difference nor equivalence within 0.02
     assert "inconclusive" in reuters and "differs" not in reuters.split("\n", 2)[2]
@@ -359,7 +364,12 @@ def test_report_compares_with_a_reference_within_groups(tmp_path):
     w8 = st.ttest_ind(accs[(8, 3, 8)], accs[(8, 8, 8)], equal_var=False)
     holm = sorted([w4.pvalue, w8.pvalue])
     c4, c8 = w4.confidence_interval(), w8.confidence_interval()
-    assert rows[("4", "3")].endswith(f"| -0.110 [{c4.low:+.3f}, {c4.high:+.3f}] p_adj {2 * holm[0]:.2g} differs | 1 |")
+    from statsmodels.stats.multitest import multipletests
+
+    beyond = multipletests([2 * st.t.sf((abs(w.statistic) * (1 - 0.02 / abs(d))), w.df) if abs(d) > 0.02 else 1.0
+                            for w, d in ((w4, -0.110), (w8, 0.010))], method="holm")[1]
+    word = "differs (by more than ±0.02)" if beyond[0] < 0.05 else "differs"
+    assert rows[("4", "3")].endswith(f"| -0.110 [{c4.low:+.3f}, {c4.high:+.3f}] p_adj {2 * holm[0]:.2g} {word} | 1 |")
     assert rows[("8", "3")].endswith(f"| +0.010 [{c8.low:+.3f}, {c8.high:+.3f}] p_adj {max(2 * holm[0], holm[1]):.2g} "
                                      "inconclusive | 1 |")
     assert "| reference |" in rows[("4", "8")] and "| reference |" in rows[("8", "8")]
