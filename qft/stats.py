@@ -190,13 +190,14 @@ GPQ_DRAWS = 20_000
 
 
 def generalized(d: np.ndarray, margin: float, level: float = 0.95) -> tuple[float, float, float, float, float]:
-    """The 95% interval, two-sided p, TOST p and minimum-effect p (a difference beyond ±margin, either side) of the mean of an (S seeds x N examples) matrix of paired differences,
-    from the generalized pivotal quantity R = mean - Z sqrt(V*) with V* = (MS_s (S-1)/U_s + MS_i (N-1)/U_i
-    - MS_e (S-1)(N-1)/U_e) / (S N), U chi-square (Weerahandi 1993; Burdick & Graybill 1992). Why not Satterthwaite's
-    t: its degrees of freedom come from the same mean squares as the standard error, so a seed mean square small by
-    chance both narrows the interval and lightens the t's tails; at alpha/6 that rejected a true null 1.4-3.5x too
-    often (the 2026-12-04 statistics review). Z is integrated out (P(R <= r) = E Phi((r - mean)/sqrt(V*))) over a
-    fixed stream of chi-square draws, so the same records always give the same numbers."""
+    """The 95% interval, two-sided p, TOST p and minimum-effect p (a difference beyond ±margin, either side) of the
+    mean of an (S seeds x N examples) matrix of paired differences, from the generalized pivotal quantity R = mean -
+    Z sqrt(V*) with V* = (MS_s (S-1)/U_s + MS_i (N-1)/U_i - MS_e (S-1)(N-1)/U_e) / (S N), U chi-square (Weerahandi
+    1993; Burdick & Graybill 1992). Why not Satterthwaite's t: its degrees of freedom come from the same mean
+    squares as the standard error, so a seed mean square small by chance both narrows the interval and lightens the
+    t's tails; at alpha/6 that rejected a true null 1.4-3.5x too often (the 2026-12-04 statistics review). Z is
+    integrated out (P(R <= r) = E Phi((r - mean)/sqrt(V*))) over a fixed stream of chi-square draws, so the same
+    records always give the same numbers."""
     s, n = d.shape
     mean = d.mean()
     ms_s, ms_i, ms_e = _mean_squares(d)
