@@ -62,7 +62,8 @@ def run_kind(execution: dict | None, versions: dict | None = None, history=()) -
     """What one comparison must not mix (docs/studies.md), as one string: the GPU, or the CPU (name, family/model
     numbers where recorded) and its kind, the thread count, the compute dtype, fused or unfused projections, a
     pipeline's layers per stage and micro-batches, and the torch version, each where recorded (any of them can move
-    a result's last bits); a run resumed on another kind names every kind it ran on. None for records made before qft recorded execution."""
+    a result's last bits); a run resumed on another kind names every kind it ran on. None for records made before
+    qft recorded execution."""
     if not execution:
         return None
     kinds = sorted({_kind(e, versions) for e in [execution, *history]})

@@ -47,20 +47,11 @@ def cell_keys(ok, cell: dict) -> list:
     return list(dict.fromkeys(hit.config_key))
 
 
-def _contrast_keys(ok, contrast: dict) -> list:
-    """The configuration keys of a contrast's cells a and b (None where no single configuration matches)."""
-    return [m[0] if len(m) == 1 else None for m in (cell_keys(ok, contrast[side]) for side in ("a", "b"))]
-
-
-def _unmatched(ok, contrast: dict) -> str:
-    """Why a contrast has no single configuration on a side: a cell the records lack, or one the plan names too
-    loosely to tell configurations apart."""
-    out = []
-    for side in ("a", "b"):
-        n = len(cell_keys(ok, contrast[side]))
-        if n != 1:
-            out.append(f"cell {side} matches {'no records' if n == 0 else f'{n} configurations'}")
-    return "; ".join(out)
+def _unmatched(matches: list) -> str:
+    """Why a contrast has no single configuration on a side (its cells' matches, a then b): a cell the records lack,
+    or one the plan names too loosely to tell configurations apart."""
+    return "; ".join(f"cell {side} matches {'no records' if not m else f'{len(m)} configurations'}"
+                     for side, m in zip("ab", matches) if len(m) != 1)
 
 
 def _missing(ok, keys: list, seeds: list, untrained: set) -> list:
@@ -84,7 +75,8 @@ def contrasts(df, g, plan: dict) -> tuple[list[dict], str]:
     the metric is accuracy, the gold label's log-likelihood (continuous, more power) beside it, Holm across the
     same family, equivalence only within a declared `loglik_margin`."""
     ok = df[df.status == "ok"]
-    keys = [_contrast_keys(ok, c) for c in plan["contrasts"]]
+    matches = [[cell_keys(ok, c[side]) for side in ("a", "b")] for c in plan["contrasts"]]
+    keys = [[m[0] if len(m) == 1 else None for m in ms] for ms in matches]  # None: no single configuration
     seeds = declared_seeds(plan)
     untrained = set(ok.config_key[ok.params.fillna(0).eq(0)])  # one evaluation: any seed stands for it
     if seeds is not None:
@@ -115,7 +107,7 @@ def contrasts(df, g, plan: dict) -> tuple[list[dict], str]:
             runs = [] if None in keys[i] else [d for k in keys[i] for d in seed_rows(ok, k).values()]
             why = (f"not run: {len(seeds) - len(missing[i])} of the {len(seeds)} declared seeds in both cells "
                    f"(missing {', '.join(map(str, missing[i]))})" if missing[i] else
-                   f"not computable: {_unmatched(ok, c)}" if None in keys[i] else
+                   f"not computable: {_unmatched(matches[i])}" if None in keys[i] else
                    f"not comparable: its records ran on {' and '.join(mixed(ok, runs))}" if mixed(ok, runs) else
                    f"not computable: fewer than {MIN_SEEDS} seeds both cells share, or per-example scores on "
                    f"different examples")
