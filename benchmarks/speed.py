@@ -149,6 +149,15 @@ def run_baseline(a, t0: float, out: dict) -> None:
                steady_tokens_per_second=steady(counted["tokens"], ends))
 
 
+def result_name(a, cpu_kind: str, isa_caps: dict) -> str:
+    """The summary's file name: the workload, the switches, and the CPU kind it ran on (an instruction-set cap
+    marked), so that invocations on two kinds never overwrite each other."""
+    name = f"speed-seq{a.seq}-baseline_{a.baseline_dtype}" + ("-unfused" if a.unfused else "")
+    name += "".join("-also-" + o.replace("=", "_") for o in a.also)
+    name += "".join("-" + o.replace("=", "_") for o in a.qft_overrides)
+    return name + f"-{cpu_kind}" + ("-capped_" + "_".join(sorted({v.lower() for v in isa_caps.values()})) if isa_caps else "")
+
+
 def worker(a) -> None:
     t0 = float(os.environ["QFT_BENCH_T0"])
     out = {"kind": a.worker}
@@ -308,7 +317,7 @@ def main() -> None:
                            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                            "isa_caps": {k: os.environ[k] for k in ISA_CAPS if k in os.environ}}
     summary["runs"] = runs
-    name = f"speed-seq{a.seq}-baseline_{a.baseline_dtype}" + ("-unfused" if a.unfused else "") + "".join("-also-" + o.replace("=", "_") for o in a.also) + ("-" + "-".join(o.replace("=", "_") for o in a.qft_overrides) if a.qft_overrides else "")
+    name = result_name(a, summary["settings"]["cpu_kind"], summary["settings"]["isa_caps"])
     (out_dir / f"{name}.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps({k: v for k, v in summary.items() if k != "runs"}, indent=1))
 

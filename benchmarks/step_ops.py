@@ -2,6 +2,7 @@
 
     python benchmarks/step_ops.py                                   # SmolLM2-135M, BBC News, batch 16 x 64, defaults
     python benchmarks/step_ops.py quant.attention_dtype=fp32 --top 20
+    python benchmarks/step_ops.py --split aten._to_copy,aten.add,aten.mul     # those ops by shapes and dtypes
 
 torch.profiler's per-op times on a small VM were not the ops' own (the fused gate/up matmul read 26-30 ms there
 against 19-20 ms timed in the step), so each op is timed by a dispatch mode with a clock around the call, which
@@ -27,9 +28,10 @@ import speed
 class OpTimer(TorchDispatchMode):
     """Seconds and calls per op; matmuls also by their operands' shapes, where the size decides the speed."""
 
-    def __init__(self):
+    def __init__(self, split: tuple[str, ...] = ()):
         super().__init__()
         self.ops = collections.defaultdict(lambda: [0, 0.0])
+        self.split = split  # further ops keyed by their operands' shapes and dtypes (--split)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         t = time.perf_counter()
@@ -38,6 +40,10 @@ class OpTimer(TorchDispatchMode):
         name = str(func.overloadpacket)
         if name in ("aten.mm", "aten.bmm", "aten.addmm"):
             name += " " + " x ".join(str(list(a.shape)) for a in args if isinstance(a, torch.Tensor))
+        elif name in self.split:
+            name += " " + " x ".join(f"{str(a.dtype)[6:]}{list(a.shape)}" for a in args if isinstance(a, torch.Tensor))
+            if isinstance(out, torch.Tensor):
+                name += f" -> {str(out.dtype)[6:]}"
         self.ops[name][0] += 1
         self.ops[name][1] += dt
         return out
@@ -50,6 +56,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--split", default="", metavar="OPS",
+                    help="comma-separated ops to key by operand shapes and dtypes, e.g. aten._to_copy,aten.add")
     ap.add_argument("qft_overrides", nargs="*", help="qft overrides, e.g. quant.compute_dtype=fp32")
     a = ap.parse_args()
     from qft import data, model, run, train
@@ -77,7 +85,7 @@ def main() -> None:
 
     for i in range(a.warmup):
         step(i)
-    timer = OpTimer()
+    timer = OpTimer(tuple(o for o in a.split.split(",") if o))
     t = time.perf_counter()
     with timer:
         for i in range(a.warmup, n):

@@ -20,13 +20,25 @@ def test_steady_rate_leaves_the_first_step_out_and_takes_the_median_step():
         speed.steady(1000, [10.0])  # one step has no steady rate
 
 
+def test_result_names_tell_cpu_kinds_and_switches_apart():
+    a = speed.argparse.Namespace(seq=64, baseline_dtype="fp32", unfused=True, also=["adapter.shared_dropout=true"],
+                                 qft_overrides=["quant.compute_dtype=fp32"])
+    assert speed.result_name(a, "amx_bf16", {}) == (
+        "speed-seq64-baseline_fp32-unfused-also-adapter.shared_dropout_true-quant.compute_dtype_fp32-amx_bf16")
+    capped = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+    assert speed.result_name(a, "avx512_bf16", capped).endswith("-avx512_bf16-capped_avx2")
+    a.unfused, a.also, a.qft_overrides = False, [], []
+    assert speed.result_name(a, "avx2", {}) == "speed-seq64-baseline_fp32-avx2"
+
+
 def step_ops(*args):
     return subprocess.run([sys.executable, "benchmarks/step_ops.py", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=600)
 
 
 def test_step_ops_times_every_op_of_a_real_step():
-    out = step_ops("--batch", "4", "--seq", "64", "--warmup", "1", "--steps", "2", "--top", "500", "model=tiny_llama")
+    out = step_ops("--batch", "4", "--seq", "64", "--warmup", "1", "--steps", "2", "--top", "500", "--split",
+                   "aten._to_copy", "model=tiny_llama", "quant.compute_dtype=bf16")
     assert out.returncode == 0, out.stderr
     rows = re.findall(r"^\| `([^`]+)` \| ([\d.]+) \| ([\d.]+)% \| (\d+) \|$", out.stdout, re.M)
     ops = {name: (float(ms), float(share), int(calls)) for name, ms, share, calls in rows}
@@ -37,6 +49,10 @@ def test_step_ops_times_every_op_of_a_real_step():
     assert ops["aten._scaled_dot_product_flash_attention_for_cpu_backward"][2] == 4  # tiny_llama: 4 layers
     assert ops["aten.random_"][2] == 4 * 7  # one fast dropout mask per adapted projection
     assert any(re.fullmatch(r"aten\.mm \[\d+, \d+\] x \[\d+, \d+\]", name) for name in ops)  # matmuls by shape
+    # --split keys the casts by operand and result: bf16 compute casts fp32 activations down and gradients up
+    assert "aten._to_copy" not in ops
+    assert any(re.fullmatch(r"aten\._to_copy float32\[4, \d+, \d+\] -> bfloat16", name) for name in ops)
+    assert any(re.fullmatch(r"aten\._to_copy bfloat16\[4, \d+, \d+\] -> float32", name) for name in ops)
 
 
 def test_step_ops_bad_input_exits_2_with_one_line():
