@@ -152,7 +152,7 @@ def run_baseline(a, t0: float, out: dict) -> None:
 def result_name(a, cpu_kind: str, isa_caps: dict) -> str:
     """The summary's file name: the workload, the switches, and the CPU kind it ran on (an instruction-set cap
     marked), so that invocations on two kinds never overwrite each other."""
-    name = f"speed-seq{a.seq}-baseline_{a.baseline_dtype}" + ("-unfused" if a.unfused else "")
+    name = f"speed-seq{a.seq}-steps{a.steps}-baseline_{a.baseline_dtype}" + ("-unfused" if a.unfused else "")
     name += "".join("-also-" + o.replace("=", "_") for o in a.also)
     name += "".join("-" + o.replace("=", "_") for o in a.qft_overrides)
     return name + f"-{cpu_kind}" + ("-capped_" + "_".join(sorted({v.lower() for v in isa_caps.values()})) if isa_caps else "")

@@ -21,14 +21,14 @@ def test_steady_rate_leaves_the_first_step_out_and_takes_the_median_step():
 
 
 def test_result_names_tell_cpu_kinds_and_switches_apart():
-    a = speed.argparse.Namespace(seq=64, baseline_dtype="fp32", unfused=True, also=["adapter.shared_dropout=true"],
+    a = speed.argparse.Namespace(seq=64, steps=10, baseline_dtype="fp32", unfused=True, also=["adapter.shared_dropout=true"],
                                  qft_overrides=["quant.compute_dtype=fp32"])
     assert speed.result_name(a, "amx_bf16", {}) == (
-        "speed-seq64-baseline_fp32-unfused-also-adapter.shared_dropout_true-quant.compute_dtype_fp32-amx_bf16")
+        "speed-seq64-steps10-baseline_fp32-unfused-also-adapter.shared_dropout_true-quant.compute_dtype_fp32-amx_bf16")
     capped = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
     assert speed.result_name(a, "avx512_bf16", capped).endswith("-avx512_bf16-capped_avx2")
     a.unfused, a.also, a.qft_overrides = False, [], []
-    assert speed.result_name(a, "avx2", {}) == "speed-seq64-baseline_fp32-avx2"
+    assert speed.result_name(a, "avx2", {}) == "speed-seq64-steps10-baseline_fp32-avx2"
 
 
 def step_ops(*args):
