@@ -157,18 +157,40 @@ def mark_quantized(model: nn.Module) -> None:
 
 
 class _MaskedScale(torch.autograd.Function):
-    """x * keep / (1 - p) keeping only the 1-byte mask for backward (torch's dropout keeps a mask in x's dtype)."""
+    """x * keep / (1 - p) with keep = lanes >= threshold, keeping only the 1-byte mask for backward (torch's dropout
+    keeps a mask in x's dtype). Compiled (`train.compiled_masks`, qft.kernels): one pass, and where the output feeds
+    one matmul under bf16 autocast (`cast`) it is already the bf16 copy autocast would make of it, so the gradient
+    comes back in bf16 and is widened in the same pass as it is masked: the same bits as the torch ops below. Not
+    where several matmuls read one dropped input (adapter.shared_dropout): autograd would sum their gradients in
+    bf16, where each autocast copy's gradient is widened to fp32 before the sum."""
 
     @staticmethod
-    def forward(ctx, x, keep, scale):
-        ctx.save_for_backward(keep)
+    def forward(ctx, x, lanes, threshold, scale, compiled, cast):
         ctx.scale = scale
-        return _masked(x, keep, scale)
+        ctx.compiled = compiled and x.device.type == "cpu" and x.dtype == torch.float32 and x.is_contiguous()
+        if ctx.compiled:
+            from qft import kernels
+
+            cast = cast and torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+            out = torch.empty(x.shape, dtype=torch.bfloat16 if cast else torch.float32)
+            keep = torch.empty(x.shape, dtype=torch.bool)
+            kernels.drop(x, lanes, threshold, scale, out, keep)
+        else:
+            keep = lanes >= threshold
+            out = _masked(x, keep, scale)
+        ctx.save_for_backward(keep)
+        return out
 
     @staticmethod
     def backward(ctx, grad):
         (keep,) = ctx.saved_tensors
-        return _masked(grad, keep, ctx.scale), None, None
+        if ctx.compiled and grad.dtype in (torch.float32, torch.bfloat16):
+            from qft import kernels
+
+            grad, out = grad.contiguous(), torch.empty(grad.shape, dtype=torch.float32)
+            kernels.undrop(grad, keep, ctx.scale, out)
+            return out, None, None, None, None, None
+        return _masked(grad, keep, ctx.scale), None, None, None, None, None
 
 
 def _masked(x: torch.Tensor, keep: torch.Tensor, scale: float) -> torch.Tensor:
@@ -193,17 +215,38 @@ class FastDropout(nn.Module):
         self.p = p
         self.threshold = round(p * 65536) - 32768  # an int16 lane below this drops its element
         self.scale = 65536 / (65536 - round(p * 65536))
+        self.compiled = False  # compile_masks: one compiled pass instead of torch's ops, the same bits
+        self.one_reader = True  # its output feeds one matmul (not a group's shared dropout): it may cast for autocast
 
     def forward(self, x):
         if not self.training or self.threshold == -32768:
             return x
         n = x.numel()
         bits = torch.empty((n + 3) // 4, dtype=torch.int64, device=x.device).random_(-2**63, None)
-        keep = bits.view(torch.int16)[:n].view(x.shape) >= self.threshold
-        return _MaskedScale.apply(x, keep, self.scale)
+        return _MaskedScale.apply(x, bits.view(torch.int16)[:n].view(x.shape), self.threshold, self.scale,
+                                  self.compiled, self.one_reader)
 
     def extra_repr(self) -> str:
-        return f"p={self.p}, mask=fast"
+        return f"p={self.p}, mask=fast" + (", compiled" if self.compiled else "")
+
+
+def compile_masks(model: nn.Module) -> int:
+    """Run every fast dropout mask of the model as one compiled pass (`train.compiled_masks`, qft.kernels): the same
+    bits in fewer passes. Compiles (or loads numba's cached build) here, before any step, on numba's threads set to
+    torch's count. Returns how many masks; 0 where numba is not installed, and torch's ops run as without."""
+    try:
+        from qft import kernels
+    except ImportError:  # numba is not installed
+        return 0
+    masks = [m for m in model.modules() if isinstance(m, FastDropout)]
+    if masks:
+        kernels.warm(torch.get_num_threads())
+    for m in masks:
+        m.compiled = True
+    for m in model.modules():
+        if isinstance(m, SharedDropout) and isinstance(m.inner, FastDropout):
+            m.inner.one_reader = False
+    return len(masks)
 
 
 def verify(peft_model, plan_: dict[str, dict], use_rslora: bool) -> None:

@@ -54,6 +54,7 @@ def check(cfg, device: str) -> None:
     if cfg.get("host_allocator", "default") not in ALLOCATORS:
         raise QftError("train.host_allocator", cfg.host_allocator, f"allowed: {', '.join(ALLOCATORS)}")
     boolean("train.fuse_projections", cfg.get("fuse_projections", False))
+    boolean("train.compiled_masks", cfg.get("compiled_masks", False))
 
 
 def tune_host_allocator(cfg) -> bool:

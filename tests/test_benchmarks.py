@@ -1,5 +1,6 @@
 """The benchmark tools measure what they say: speed.py's steady rate, and step_ops.py's table of a real step."""
 
+import json
 import re
 import statistics
 import subprocess
@@ -60,3 +61,24 @@ def test_step_ops_bad_input_exits_2_with_one_line():
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.strip().splitlines()[-1].startswith("step_ops.py: error: data.max_length=16")
     assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_compiled_masks_alternates_the_switch_in_one_process(tmp_path):
+    out = subprocess.run([sys.executable, "benchmarks/compiled_masks.py", "--batch", "4", "--warmup", "1", "--pairs",
+                          "2", "--out", str(tmp_path), "model=tiny_llama"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr
+    (result,) = tmp_path.glob("compiled_masks-seq64-model_tiny_llama-*.json")
+    got = json.loads(result.read_text())
+    assert len(got["step_seconds"]["compiled"]) == len(got["step_seconds"]["torch_ops"]) == 2
+    med = got["step_seconds_median"]
+    assert got["ratio_compiled_over_torch_ops"] == pytest.approx(med["compiled"] / med["torch_ops"])
+    assert f"ratio {got['ratio_compiled_over_torch_ops']:.3f}" in out.stdout
+
+
+def test_compiled_masks_without_masks_exits_2_with_one_line(tmp_path):
+    out = subprocess.run([sys.executable, "benchmarks/compiled_masks.py", "--out", str(tmp_path), "model=tiny_llama",
+                          "adapter.dropout_mask=torch"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 2 and out.stdout == "" and not list(tmp_path.iterdir())
+    assert out.stderr.strip().splitlines() == [out.stderr.strip().splitlines()[-1]]
+    assert out.stderr.startswith("compiled_masks.py: error: adapter.dropout_mask='torch'")

@@ -141,12 +141,13 @@ def test_fast_dropout_applies_its_mask_with_the_bits_of_a_multiply_by_the_bool_m
 
     x = torch.randn(64, 96).to(dtype)
     x[0, :8], x[1, :8] = -0.0, 0.0  # signed zeros, dropped and kept
-    keep = torch.rand(x.shape, generator=torch.Generator().manual_seed(0)) > 0.3
-    keep[0, ::2] = keep[1, ::2] = False
-    scale = 65536 / (65536 - 3277)
+    lanes = torch.randint(-32768, 32768, x.shape, dtype=torch.int16, generator=torch.Generator().manual_seed(0))
+    lanes[0, ::2] = lanes[1, ::2] = -32768
+    threshold, scale = 3277 - 32768, 65536 / (65536 - 3277)
+    keep = lanes >= threshold
     grad = torch.randn(x.shape).to(dtype)
     x.requires_grad_(True)
-    y = _MaskedScale.apply(x, keep, scale)
+    y = _MaskedScale.apply(x, lanes, threshold, scale, False, True)  # torch's ops (compiled: tests/test_kernels.py)
     y.backward(grad)
     bits = lambda t: t.detach().view(as_int)  # noqa: E731
     assert y.dtype == dtype and torch.equal(bits(y), bits((x.detach() * keep).mul_(scale)))
@@ -201,8 +202,10 @@ def test_lm_head_reads_a_dense_input_as_one_matmul():
     ref_loss, ref_grads, ref_ops = run(False)
     assert "aten::bmm" in ref_ops and "aten::bmm" not in ops  # SDPA, not bmm, runs the attention here
     assert torch.allclose(loss, ref_loss, rtol=1e-6)
-    for k in grads:  # the same products summed in one call: equal within fp32 reassociation
-        assert torch.allclose(grads[k], ref_grads[k], rtol=1e-5, atol=1e-7), k
+    for k in grads:  # the same products summed in one call: equal within fp32 reassociation, whose error scales
+        # with the magnitude of the terms summed, not of their sum: near-zero entries are bounded by the tensor's
+        # scale (on an AMX CPU, differences up to 2.7e-7 in a tensor whose largest entry is 0.43)
+        assert torch.allclose(grads[k], ref_grads[k], rtol=1e-5, atol=1e-5 * ref_grads[k].abs().max().item()), k
 
 
 # ---------------------------------------------------------------- quant.attention_dtype=fp32: other rounding, hashed

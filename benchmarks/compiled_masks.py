@@ -1,0 +1,98 @@
+"""`train.compiled_masks` on against off, in one process: steps alternate between the two on the same model, batches
+and memory state, so the machine's drift between processes (5-10% on these VMs) falls on both alike.
+
+    python benchmarks/compiled_masks.py                                             # 12 steps each, after 2
+    python benchmarks/compiled_masks.py quant.attention_dtype=fp32 quant.cache_dequantized=true
+
+The workload is `speed.py`'s (SmolLM2-135M, BBC News, batch 16 x 64, its lr and dropout); a step is the training
+step of `step_ops.py` (answer loss, backward, clipping, AdamW). The medians and their ratio go to
+benchmarks/results/compiled_masks-seq{N}[-overrides]-{cpu kind}.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+import speed
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--seq", type=int, default=64)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--pairs", type=int, default=12, help="steps with the masks compiled, and as many without")
+    ap.add_argument("--out", default=str(speed.ROOT / "benchmarks" / "results"))
+    ap.add_argument("qft_overrides", nargs="*", help="qft overrides, e.g. quant.attention_dtype=fp32")
+    a = ap.parse_args()
+    from qft import adapter, data, model, record, run, train
+    from qft.errors import QftError
+
+    n = a.warmup + 2 * a.pairs
+    cfg = speed.compose(SimpleNamespace(steps=n, batch=a.batch, seq=a.seq, test=10, qft_overrides=a.qft_overrides))
+    if cfg.adapter.get("dropout_mask") != "fast" or not cfg.adapter.dropout:
+        raise QftError("adapter.dropout_mask", cfg.adapter.get("dropout_mask"),
+                       "only fast masks compile: needs adapter.dropout_mask=fast and adapter.dropout > 0")
+    train.tune_host_allocator(cfg.train)
+    source = model.resolve(cfg.model, cfg.cache_dir)
+    tokenizer = model.load_tokenizer(source)
+    split = data.prepare(cfg.data, tokenizer, cfg.cache_dir).splits["train"]
+    net = run.build(cfg, source, torch.device("cpu")).model
+    masks = [m for m in net.modules() if isinstance(m, adapter.FastDropout)]
+    if not adapter.compile_masks(net):
+        raise QftError("train.compiled_masks", True, "numba is not installed (pip install numba)")
+    dtype = model.compute_dtype(cfg.quant.compute_dtype)
+    params = [p for p in net.parameters() if p.requires_grad]
+    opt = train.make_optimizer(cfg.train, params)
+    net.train()
+    seconds = {True: [], False: []}
+    for i in range(n):
+        on = i % 2 == 0
+        for m in masks:
+            m.compiled = on
+        t = time.perf_counter()
+        idx = train.micro_batch_indices(len(split.prompts), a.batch, i, cfg.seed)
+        loss, answer_tokens, _ = train.answer_loss(net, [split.prompts[j] for j in idx],
+                                                   [split.answers[j] for j in idx], tokenizer.pad_token_id, dtype)
+        (loss / answer_tokens).backward()
+        torch.nn.utils.clip_grad_norm_(params, cfg.train.max_grad_norm or math.inf)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if i >= a.warmup:
+            seconds[on].append(time.perf_counter() - t)
+    med = {k: statistics.median(v) for k, v in seconds.items()}
+    out = {"step_seconds_median": {"compiled": med[True], "torch_ops": med[False]},
+           "ratio_compiled_over_torch_ops": med[True] / med[False],
+           "step_seconds": {"compiled": seconds[True], "torch_ops": seconds[False]},
+           "settings": {"batch": a.batch, "seq": a.seq, "warmup": a.warmup, "pairs": a.pairs,
+                        "qft_overrides": a.qft_overrides, "threads": torch.get_num_threads(),
+                        "compute_dtype": model.compute_dtype_name(cfg.quant.compute_dtype), "cpu": speed.cpu_name(),
+                        "cpu_kind": record.cpu_kind()[1], "cpu_id": record.cpu_id(),
+                        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                        "isa_caps": {k: os.environ[k] for k in speed.ISA_CAPS if k in os.environ}}}
+    name = f"compiled_masks-seq{a.seq}" + "".join("-" + o.replace("=", "_") for o in a.qft_overrides)
+    name += f"-{out['settings']['cpu_kind']}" + ("-capped" if out["settings"]["isa_caps"] else "")
+    Path(a.out).mkdir(parents=True, exist_ok=True)
+    (Path(a.out) / f"{name}.json").write_text(json.dumps(out, indent=1))
+    print(f"{out['settings']['cpu']}, {out['settings']['threads']} threads, {out['settings']['compute_dtype']}: "
+          f"a step {med[True]:.3f} s with the masks compiled, {med[False]:.3f} s with torch's ops "
+          f"(medians of {a.pairs} each): ratio {out['ratio_compiled_over_torch_ops']:.3f}")
+
+
+if __name__ == "__main__":
+    from qft.errors import QftError
+
+    try:
+        main()
+    except QftError as e:
+        raise SystemExit(print(f"compiled_masks.py: error: {e}", file=sys.stderr) or 2)
