@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import sys
@@ -24,6 +23,7 @@ from types import SimpleNamespace
 import torch
 
 import speed
+import step_ops
 
 
 def main() -> None:
@@ -35,7 +35,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(speed.ROOT / "benchmarks" / "results"))
     ap.add_argument("qft_overrides", nargs="*", help="qft overrides, e.g. quant.attention_dtype=fp32")
     a = ap.parse_args()
-    from qft import adapter, data, model, record, run, train
+    from qft import adapter, model, record
     from qft.errors import QftError
 
     n = a.warmup + 2 * a.pairs
@@ -43,31 +43,17 @@ def main() -> None:
     if cfg.adapter.get("dropout_mask") != "fast" or not cfg.adapter.dropout:
         raise QftError("adapter.dropout_mask", cfg.adapter.get("dropout_mask"),
                        "only fast masks compile: needs adapter.dropout_mask=fast and adapter.dropout > 0")
-    train.tune_host_allocator(cfg.train)
-    source = model.resolve(cfg.model, cfg.cache_dir)
-    tokenizer = model.load_tokenizer(source)
-    split = data.prepare(cfg.data, tokenizer, cfg.cache_dir).splits["train"]
-    net = run.build(cfg, source, torch.device("cpu")).model
+    cfg, net, step = step_ops.workload(a.batch, a.seq, n, a.qft_overrides)
     masks = [m for m in net.modules() if isinstance(m, adapter.FastDropout)]
     if not adapter.compile_masks(net):
         raise QftError("train.compiled_masks", True, "numba is not installed (pip install numba)")
-    dtype = model.compute_dtype(cfg.quant.compute_dtype)
-    params = [p for p in net.parameters() if p.requires_grad]
-    opt = train.make_optimizer(cfg.train, params)
-    net.train()
     seconds = {True: [], False: []}
     for i in range(n):
         on = i % 2 == 0
         for m in masks:
             m.compiled = on
         t = time.perf_counter()
-        idx = train.micro_batch_indices(len(split.prompts), a.batch, i, cfg.seed)
-        loss, answer_tokens, _ = train.answer_loss(net, [split.prompts[j] for j in idx],
-                                                   [split.answers[j] for j in idx], tokenizer.pad_token_id, dtype)
-        (loss / answer_tokens).backward()
-        torch.nn.utils.clip_grad_norm_(params, cfg.train.max_grad_norm or math.inf)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        step(i)
         if i >= a.warmup:
             seconds[on].append(time.perf_counter() - t)
     med = {k: statistics.median(v) for k, v in seconds.items()}

@@ -49,21 +49,12 @@ class OpTimer(TorchDispatchMode):
         return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--seq", type=int, default=64)
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=2)
-    ap.add_argument("--top", type=int, default=30)
-    ap.add_argument("--split", default="", metavar="OPS",
-                    help="comma-separated ops to key by operand shapes and dtypes, e.g. aten._to_copy,aten.add")
-    ap.add_argument("qft_overrides", nargs="*", help="qft overrides, e.g. quant.compute_dtype=fp32")
-    a = ap.parse_args()
+def workload(batch: int, seq: int, steps: int, overrides: list[str]):
+    """The config, the model and one training step of it (step(i) trains on batch i), as `speed.py`'s qft run builds
+    and trains it (no schedule)."""
     from qft import data, model, run, train
 
-    n = a.warmup + a.steps
-    cfg = speed.compose(SimpleNamespace(steps=n, batch=a.batch, seq=a.seq, test=10, qft_overrides=a.qft_overrides))
+    cfg = speed.compose(SimpleNamespace(steps=steps, batch=batch, seq=seq, test=10, qft_overrides=overrides))
     train.tune_host_allocator(cfg.train)
     source = model.resolve(cfg.model, cfg.cache_dir)
     tokenizer = model.load_tokenizer(source)
@@ -75,13 +66,32 @@ def main() -> None:
     net.train()
 
     def step(i: int) -> None:
-        idx = train.micro_batch_indices(len(split.prompts), a.batch, i, cfg.seed)
+        idx = train.micro_batch_indices(len(split.prompts), batch, i, cfg.seed)
         loss, answer_tokens, _ = train.answer_loss(net, [split.prompts[j] for j in idx],
                                                    [split.answers[j] for j in idx], tokenizer.pad_token_id, dtype)
         (loss / answer_tokens).backward()
         torch.nn.utils.clip_grad_norm_(params, cfg.train.max_grad_norm or math.inf)
         opt.step()
         opt.zero_grad(set_to_none=True)
+
+    return cfg, net, step
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--seq", type=int, default=64)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--split", default="", metavar="OPS",
+                    help="comma-separated ops to key by operand shapes and dtypes, e.g. aten._to_copy,aten.add")
+    ap.add_argument("qft_overrides", nargs="*", help="qft overrides, e.g. quant.compute_dtype=fp32")
+    a = ap.parse_args()
+    from qft import model
+
+    n = a.warmup + a.steps
+    cfg, net, step = workload(a.batch, a.seq, n, a.qft_overrides)
 
     for i in range(a.warmup):
         step(i)
