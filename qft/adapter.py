@@ -232,20 +232,24 @@ class FastDropout(nn.Module):
 
 def compile_masks(model: nn.Module) -> int:
     """Run every fast dropout mask of the model as one compiled pass (`train.compiled_masks`, qft.kernels): the same
-    bits in fewer passes. Compiles (or loads numba's cached build) here, before any step, on numba's threads set to
-    torch's count. Returns how many masks; 0 where numba is not installed, and torch's ops run as without."""
+    bits in fewer passes. Compiles (or loads numba's cached build) here, before any step, keeping torch's thread
+    count. Returns how many masks; 0 where numba is not installed, and torch's ops run as without."""
     try:
         from qft import kernels
     except ImportError:  # numba is not installed
         return 0
     masks = [m for m in model.modules() if isinstance(m, FastDropout)]
     if masks:
-        kernels.warm(torch.get_num_threads())
+        kernels.warm()
     for m in masks:
         m.compiled = True
-    for m in model.modules():
+    for m in model.modules():  # masks whose dropped input more than one matmul reads hand them fp32
         if isinstance(m, SharedDropout) and isinstance(m.inner, FastDropout):
             m.inner.one_reader = False
+        if isinstance(getattr(m, "lora_dropout", None), nn.ModuleDict):  # a variant (DoRA) reads x beside lora_A
+            for key, drop in m.lora_dropout.items():
+                if isinstance(drop, FastDropout) and (getattr(m, "lora_variant", None) or {}).get(key):
+                    drop.one_reader = False
     return len(masks)
 
 

@@ -7,7 +7,7 @@ up, the byte cast and two multiplies again. On a CPU whose matmuls are fast (AMX
 Each loop here computes the same IEEE operations in the same order, (keep * x) * scale in fp32, rounded to bf16 to
 nearest even with integer arithmetic as torch's vectorized cast rounds (a NaN written as it writes one, 0xFFFF), so
 the values, the kept mask and the gradient are the same bits (tests/test_kernels.py); no fast-math, no contraction.
-Compiled once per machine (numba's on-disk cache), run on numba's threads.
+Compiled once per machine (numba's on-disk cache), run on as many threads as torch's ops.
 """
 
 from __future__ import annotations
@@ -102,9 +102,13 @@ def undrop(grad: torch.Tensor, keep: torch.Tensor, scale: float, out: torch.Tens
     (_undrop_bf16 if grad.dtype == torch.bfloat16 else _undrop)(_flat(grad), _flat(keep), scale, _flat(out))
 
 
-def warm(threads: int) -> None:
-    """Compile every loop (or load numba's cached build) now, not inside a step, on `threads` of numba's."""
+def warm() -> None:
+    """Compile every loop (or load numba's cached build) now, not inside a step, on as many threads as torch uses.
+    numba's OpenMP start-up sets the process's OpenMP thread count, torch's own included (the two share one libgomp
+    once torch has loaded it): torch's count is put back, and the record's `threads` stays true."""
+    threads = torch.get_num_threads()
     numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
+    torch.set_num_threads(threads)
     x, lanes, keep, back = torch.ones(64), torch.zeros(64, dtype=torch.int16), torch.empty(64, dtype=torch.bool), \
         torch.empty(64)
     for dtype in (torch.float32, torch.bfloat16):

@@ -118,7 +118,7 @@ def build(cfg, source: model.Source, device: torch.device) -> Built:
     bits = quant.quantize(net, cfg.quant, projections, device, cached)
     base_bytes = quant.base_bytes(net, projections)
     net, plan = adapter.attach(net, cfg.adapter, projections, layers.architecture(source.model_type).shared_input)
-    if cfg.train.get("compiled_masks", False):
+    if cfg.train.get("compiled_masks", False) and device.type == "cpu":  # the loops are CPU code
         adapter.compile_masks(net)
     if cfg.train.get("fuse_projections", False):
         fuse.install(net, projections, source.model_type)

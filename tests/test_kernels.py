@@ -1,10 +1,15 @@
 """train.compiled_masks: the fast dropout mask as one compiled pass gives the very bits torch's ops give."""
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
 from conftest import build, make_cfg, spread_lora_b
-from qft import adapter, record, train
+from qft import adapter, kernels, record, train
 
 P = 0.05
 THRESHOLD, SCALE = round(P * 65536) - 32768, 65536 / (65536 - round(P * 65536))
@@ -63,6 +68,43 @@ def test_compiled_mask_gives_the_bits_of_torchs_ops(shape, autocast):
     assert torch.signbit(flat[1]) and torch.isnan(flat[2]) and flat[3] == -float("inf") and flat[7] == -float("inf")
 
 
+def test_bf16_rounding_is_torchs_for_every_exponent_and_mantissa_and_each_way_of_rounding():
+    """Every upper half of an fp32 (sign, exponent, the 7 bits bf16 keeps) with the lower halves that decide the
+    rounding: 0, just below half, exactly half (ties to even, both ways), just above, all ones (rounds up, also to
+    infinity), each kept at scale 1 so the kernel rounds x itself."""
+    upper = torch.arange(65536, dtype=torch.int64) << 16
+    lower = torch.tensor([0, 0x7FFF, 0x8000, 0x8001, 0xFFFF], dtype=torch.int64)
+    x = (upper[:, None] | lower[None, :]).reshape(-1).to(torch.int32).view(torch.float32).contiguous()
+    out, keep = torch.empty(x.shape, dtype=torch.bfloat16), torch.empty(x.shape, dtype=torch.bool)
+    kernels.drop(x, torch.zeros(x.shape, dtype=torch.int16), -32768, 1.0, out, keep)
+    ref = x.to(torch.bfloat16)
+    finite = ~torch.isnan(x)
+    assert keep.all() and torch.equal(bits(out)[finite], bits(ref)[finite]) and torch.isnan(out[~finite].float()).all()
+    back = torch.empty(x.shape)
+    kernels.undrop(ref, keep, 1.0, back)  # and widening a bf16 gradient is exact
+    assert torch.equal(bits(back)[finite], bits(ref.float())[finite])
+
+
+THREADS = """
+import torch
+from qft import adapter
+torch.ones(1000, 1000) @ torch.ones(1000, 1000)  # torch's OpenMP runtime loaded and in use
+before = torch.get_num_threads()
+adapter.compile_masks(torch.nn.Sequential(adapter.FastDropout(0.1)))
+print(before, torch.get_num_threads())
+"""
+
+
+def test_compiling_the_masks_keeps_torchs_thread_count():
+    """numba's OpenMP start-up sets the process's thread count (torch's libgomp is the one it reaches): a 1-thread
+    run (xdist workers, pipeline stages, OMP_NUM_THREADS=1 studies) must stay at 1, as its record says."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-c", THREADS], capture_output=True, text=True, env=env, timeout=300,
+                         cwd=Path(__file__).resolve().parent.parent)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["1", "1"]
+
+
 def test_compiled_mask_runs_torchs_ops_where_it_cannot_apply():
     x = awkward((8, 32)).to(torch.bfloat16)  # a bf16 input, and a strided one: torch's ops, same results
     for inp in (x, awkward((32, 8)).t()):
@@ -75,6 +117,8 @@ def loss_and_grads(*overrides):
     _, _, built = build("adapter.dropout=0.2", "adapter.dropout_mask=fast", *overrides)
     net = built.model
     spread_lora_b(net)
+    if "train.gradient_checkpointing=true" in overrides:  # as train.train enables it: recompute redraws the masks
+        net.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     torch.manual_seed(7)  # the masks' draws
     dtype = torch.bfloat16 if "quant.compute_dtype=bf16" in overrides else torch.float32
     loss, n, _ = train.answer_loss(net, PROMPTS, ANSWERS, 2, dtype)
@@ -84,7 +128,8 @@ def loss_and_grads(*overrides):
 
 @pytest.mark.parametrize("extra", [["quant.compute_dtype=bf16"], ["quant.compute_dtype=fp32"],
                                    ["quant.compute_dtype=bf16", "adapter.shared_dropout=true"],
-                                   ["quant.compute_dtype=bf16", "train.fuse_projections=false"]])
+                                   ["quant.compute_dtype=bf16", "train.fuse_projections=false"],
+                                   ["quant.compute_dtype=bf16", "train.gradient_checkpointing=true"]])
 def test_compiled_masks_change_no_numbers_in_a_model(extra):
     net, loss, grads = loss_and_grads("train.compiled_masks=true", *extra)
     _, ref_loss, ref_grads = loss_and_grads("train.compiled_masks=false", *extra)
