@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
@@ -35,15 +33,15 @@ def main() -> None:
     ap.add_argument("--out", default=str(speed.ROOT / "benchmarks" / "results"))
     ap.add_argument("qft_overrides", nargs="*", help="qft overrides, e.g. quant.attention_dtype=fp32")
     a = ap.parse_args()
-    from qft import adapter, model, record
+    from qft import adapter, model
     from qft.errors import QftError
 
     n = a.warmup + 2 * a.pairs
-    cfg = speed.compose(SimpleNamespace(steps=n, batch=a.batch, seq=a.seq, test=10, qft_overrides=a.qft_overrides))
+    cfg = step_ops.compose(a.batch, a.seq, n, a.qft_overrides)
     if cfg.adapter.get("dropout_mask") != "fast" or not cfg.adapter.dropout:
         raise QftError("adapter.dropout_mask", cfg.adapter.get("dropout_mask"),
                        "only fast masks compile: needs adapter.dropout_mask=fast and adapter.dropout > 0")
-    cfg, net, step = step_ops.workload(a.batch, a.seq, n, a.qft_overrides)
+    net, step = step_ops.workload(cfg)
     masks = [m for m in net.modules() if isinstance(m, adapter.FastDropout)]
     if not adapter.compile_masks(net):
         raise QftError("train.compiled_masks", True, "numba is not installed (pip install numba)")
@@ -61,13 +59,10 @@ def main() -> None:
            "ratio_compiled_over_torch_ops": med[True] / med[False],
            "step_seconds": {"compiled": seconds[True], "torch_ops": seconds[False]},
            "settings": {"batch": a.batch, "seq": a.seq, "warmup": a.warmup, "pairs": a.pairs,
-                        "qft_overrides": a.qft_overrides, "threads": torch.get_num_threads(),
-                        "compute_dtype": model.compute_dtype_name(cfg.quant.compute_dtype), "cpu": speed.cpu_name(),
-                        "cpu_kind": record.cpu_kind()[1], "cpu_id": record.cpu_id(),
-                        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                        "isa_caps": {k: os.environ[k] for k in speed.ISA_CAPS if k in os.environ}}}
-    name = f"compiled_masks-seq{a.seq}" + "".join("-" + o.replace("=", "_") for o in a.qft_overrides)
-    name += f"-{out['settings']['cpu_kind']}" + ("-capped" if out["settings"]["isa_caps"] else "")
+                        "qft_overrides": a.qft_overrides,
+                        "compute_dtype": model.compute_dtype_name(cfg.quant.compute_dtype), **speed.machine()}}
+    name = speed.tagged(f"compiled_masks-seq{a.seq}", a.qft_overrides, out["settings"]["cpu_kind"],
+                        out["settings"]["isa_caps"])
     Path(a.out).mkdir(parents=True, exist_ok=True)
     (Path(a.out) / f"{name}.json").write_text(json.dumps(out, indent=1))
     print(f"{out['settings']['cpu']}, {out['settings']['threads']} threads, {out['settings']['compute_dtype']}: "

@@ -149,13 +149,31 @@ def run_baseline(a, t0: float, out: dict) -> None:
                steady_tokens_per_second=steady(counted["tokens"], ends))
 
 
-def result_name(a, cpu_kind: str, isa_caps: dict) -> str:
-    """The summary's file name: the workload, the switches, and the CPU kind it ran on (an instruction-set cap
+def machine() -> dict:
+    """Where and when a measurement ran: threads, torch's CPU capability, the CPU, its kind (amx_bf16, avx512_bf16,
+    avx2, ...) and id, the date, and any instruction-set cap put on torch, oneDNN and MKL (an emulated kind is not
+    the kind). One comparison must not mix them."""
+    import torch
+
+    from qft import record
+
+    return {"threads": torch.get_num_threads(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "cpu": cpu_name(), "cpu_kind": record.cpu_kind()[1], "cpu_id": record.cpu_id(),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "isa_caps": {k: os.environ[k] for k in ISA_CAPS if k in os.environ}}
+
+
+def tagged(name: str, overrides: list[str], cpu_kind: str, isa_caps: dict) -> str:
+    """A result file's name: what it measured, the overrides, and the CPU kind it ran on (an instruction-set cap
     marked), so that invocations on two kinds never overwrite each other."""
-    name = f"speed-seq{a.seq}-steps{a.steps}-baseline_{a.baseline_dtype}" + ("-unfused" if a.unfused else "")
-    name += "".join("-also-" + o.replace("=", "_") for o in a.also)
-    name += "".join("-" + o.replace("=", "_") for o in a.qft_overrides)
+    name += "".join("-" + o.replace("=", "_") for o in overrides)
     return name + f"-{cpu_kind}" + ("-capped_" + "_".join(sorted({v.lower() for v in isa_caps.values()})) if isa_caps else "")
+
+
+def result_name(a, cpu_kind: str, isa_caps: dict) -> str:
+    """The summary's file name (`tagged`): the workload, then the --also switches, then qft's overrides."""
+    name = f"speed-seq{a.seq}-steps{a.steps}-baseline_{a.baseline_dtype}" + ("-unfused" if a.unfused else "")
+    return tagged(name + "".join("-also-" + o.replace("=", "_") for o in a.also), a.qft_overrides, cpu_kind, isa_caps)
 
 
 def worker(a) -> None:
@@ -259,7 +277,6 @@ def main() -> None:
         return worker(a)
     out_dir = Path(a.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    from qft import record
     from qft.model import compute_dtype_name
 
     qft_dtype = compute_dtype_name(compose(a).quant.compute_dtype)  # what qft computes in on this machine
@@ -309,13 +326,7 @@ def main() -> None:
     summary["qft_over_step_shape_matmul"] = summary["qft_useful_gflops"] / summary["step_shape_matmul_gflops"]
     summary["settings"] = {"steps": a.steps, "batch": a.batch, "seq": a.seq, "reps": a.reps, "test": a.test,
                            "baseline_dtype": a.baseline_dtype, "qft_overrides": a.qft_overrides, "also": a.also,
-                           "threads": __import__("torch").get_num_threads(), "cpu_capability":
-                           __import__("torch").backends.cpu.get_cpu_capability(), "cpu": cpu_name(),
-                           # what the comparison's CPU kind was (amx_bf16, avx512_bf16, avx2, ...), when, and any
-                           # instruction-set cap put on torch, oneDNN and MKL (an emulated kind is not the kind)
-                           "cpu_kind": record.cpu_kind()[1], "cpu_id": record.cpu_id(),
-                           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                           "isa_caps": {k: os.environ[k] for k in ISA_CAPS if k in os.environ}}
+                           **machine()}
     summary["runs"] = runs
     name = result_name(a, summary["settings"]["cpu_kind"], summary["settings"]["isa_caps"])
     (out_dir / f"{name}.json").write_text(json.dumps(summary, indent=1))

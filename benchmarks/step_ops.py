@@ -49,12 +49,17 @@ class OpTimer(TorchDispatchMode):
         return out
 
 
-def workload(batch: int, seq: int, steps: int, overrides: list[str]):
-    """The config, the model and one training step of it (step(i) trains on batch i), as `speed.py`'s qft run builds
-    and trains it (no schedule)."""
+def compose(batch: int, seq: int, steps: int, overrides: list[str]):
+    """`speed.py`'s qft config for this workload."""
+    return speed.compose(SimpleNamespace(steps=steps, batch=batch, seq=seq, test=10, qft_overrides=overrides))
+
+
+def workload(cfg):
+    """The model of a `compose`d config and one training step of it (step(i) trains on batch i), as `speed.py`'s qft
+    run builds and trains it (no schedule)."""
     from qft import data, model, run, train
 
-    cfg = speed.compose(SimpleNamespace(steps=steps, batch=batch, seq=seq, test=10, qft_overrides=overrides))
+    batch = cfg.train.batch_size
     train.tune_host_allocator(cfg.train)
     source = model.resolve(cfg.model, cfg.cache_dir)
     tokenizer = model.load_tokenizer(source)
@@ -74,7 +79,7 @@ def workload(batch: int, seq: int, steps: int, overrides: list[str]):
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    return cfg, net, step
+    return net, step
 
 
 def main() -> None:
@@ -91,7 +96,8 @@ def main() -> None:
     from qft import model
 
     n = a.warmup + a.steps
-    cfg, net, step = workload(a.batch, a.seq, n, a.qft_overrides)
+    cfg = compose(a.batch, a.seq, n, a.qft_overrides)
+    net, step = workload(cfg)
 
     for i in range(a.warmup):
         step(i)
