@@ -37,20 +37,48 @@ class _Member(torch.autograd.Function):
     """One projection's frozen output, sliced from its group's matmul; backward is that projection's own matmul.
 
     One node per projection, made when the projection is called, as the unfused module makes its own: autograd then
-    meets and sums the input gradient's terms in the very order it does unfused, so gradients stay bit-identical."""
+    meets and sums the input gradient's terms in the very order it does unfused, so gradients stay bit-identical.
+    With a `box` (the compiled sum, `_Sum`) it returns an empty stand-in: `_Sum` reads the slice where the group's
+    matmul left it, and hands this node its gradient already cast, through the box."""
 
     @staticmethod
-    def forward(ctx, x, group, i):
-        ctx.group, ctx.i, ctx.x_dtype = group, i, x.dtype
+    def forward(ctx, x, group, i, box=None):
+        ctx.group, ctx.i, ctx.x_dtype, ctx.box = group, i, x.dtype, box
         lo, hi = group.slices[i]
         y = group.shared(x, "base", lambda: group.frozen(x))
+        if box is not None:
+            return x.new_empty(0)
         return y[..., lo:hi].to(x.dtype if group.cast_back else y.dtype, memory_format=torch.contiguous_format,
                                 copy=True)
 
     @staticmethod
     def backward(ctx, grad):
-        g = grad.to(ctx.group.dtype)
-        return torch.matmul(g, ctx.group.member_weight(ctx.i).to(g.dtype)).to(ctx.x_dtype), None, None
+        g = grad.to(ctx.group.dtype) if ctx.box is None else ctx.box.pop("grad")
+        return torch.matmul(g, ctx.group.member_weight(ctx.i).to(g.dtype)).to(ctx.x_dtype), None, None, None
+
+
+class _Sum(torch.autograd.Function):
+    """A member's output, its frozen slice cast to fp32 plus its LoRA output times the scaling in the LoRA dtype,
+    in one compiled pass forward and one backward (`train.compiled_sums`, qft.kernels): the same bits as peft's
+    `result + lora_B(...) * scaling`. It stands where that sum's add node stood, after the LoRA nodes and before
+    the next member's, so autograd runs the nodes, and sums the input's gradient, in the same order."""
+
+    @staticmethod
+    def forward(ctx, stand_in, h, y, lo, scale, dtype, box):
+        from qft import kernels
+
+        ctx.scale, ctx.dtype, ctx.h_dtype, ctx.box = scale, dtype, h.dtype, box
+        return kernels.lora_sum(y, lo, h, scale)
+
+    @staticmethod
+    def backward(ctx, grad):
+        if ctx.dtype == ctx.h_dtype == torch.bfloat16:
+            from qft import kernels
+
+            ctx.box["grad"], lora = kernels.lora_sum_grad(grad.contiguous(), ctx.scale)
+        else:  # fp32 compute: the same ops as peft's nodes, nothing to save
+            ctx.box["grad"], lora = grad.to(ctx.dtype), grad.to(ctx.h_dtype) * ctx.scale
+        return grad.new_empty(0), lora, None, None, None, None, None
 
 
 class Group:
@@ -68,6 +96,7 @@ class Group:
         self.dtype = self.backends[0].compute_dtype(self.bases[0]) if self.kind else None
         self.cast_back = self.kind is not None and self.backends[0].output_in_input_dtype
         self._cache: tuple | None = None  # (input, {what: tensor}, members done): work shared for one input
+        self.compiled = False  # compile_sums: each member's output summed in one compiled pass (CPU)
         self.storage = None
         self.bias = None
 
@@ -163,16 +192,30 @@ class Group:
 
     def run(self, i: int, x: torch.Tensor) -> torch.Tensor:
         """Member i's output: its slice of the group's frozen matmul, plus its LoRA as peft computes it."""
-        result = _Member.apply(x, self, i)
         m = self.members[i]
         if not hasattr(m, "lora_A"):
-            return result
+            return _Member.apply(x, self, i)
         a, b = m.lora_A["default"], m.lora_B["default"]
+        autocast = torch.is_autocast_enabled(x.device.type)
+        h_dtype = torch.get_autocast_dtype(x.device.type) if autocast else b.weight.dtype
+        box = {} if self.compiled and self._summable(x, h_dtype) else None
+        result = _Member.apply(x, self, i, box)
         middle = a(m.lora_dropout["default"](m._cast_input_dtype(x, a.weight.dtype)))
-        h = b(middle) * m.scaling["default"]
-        if not torch.is_autocast_enabled(x.device.type):
+        h = b(middle)
+        if box is not None:
+            lo, _ = self.slices[i]
+            return _Sum.apply(result, h.contiguous(), self.shared(x, "base", None), lo, m.scaling["default"],
+                              self.dtype, box)
+        h = h * m.scaling["default"]
+        if not autocast:
             h = h.to(result.dtype)
         return (result + h).to(result.dtype)
+
+    def _summable(self, x: torch.Tensor, h_dtype: torch.dtype) -> bool:
+        """Whether the compiled sum computes what peft's sum computes here: an fp32 output on the CPU, from bf16 or
+        fp32 parts (a bias is in the frozen output already: the group's matmul adds it)."""
+        return (x.device.type == "cpu" and x.dtype == torch.float32 and self.cast_back
+                and self.dtype in (torch.bfloat16, torch.float32) and h_dtype in (torch.bfloat16, torch.float32))
 
 
 class _CastHead:
@@ -218,6 +261,22 @@ def install(model: nn.Module, projections: list[L.Layer], model_type: str) -> li
         head.forward = _CastHead(head)
     model._qft_fused = groups
     return groups
+
+
+def compile_sums(model: nn.Module) -> int:
+    """Sum each fused member's frozen and LoRA outputs in one compiled pass (`train.compiled_sums`, qft.kernels): the
+    same bits in fewer passes. Compiles (or loads numba's cached build) here, before any step, keeping torch's
+    thread count. Returns how many groups; 0 where numba is not installed, and torch's ops run as without."""
+    try:
+        from qft import kernels
+    except ImportError:  # numba is not installed
+        return 0
+    groups = getattr(model, "_qft_fused", [])
+    if groups:
+        kernels.warm()
+    for group in groups:
+        group.compiled = True
+    return len(groups)
 
 
 def remove(model: nn.Module) -> None:

@@ -1,4 +1,7 @@
-"""The fast dropout mask as compiled loops (numba): one pass over the input where torch's ops make five.
+"""Compiled loops (numba) for the memory-bound work around each LoRA projection: one pass where torch's ops make
+several, the same bits.
+
+The fast dropout mask (`train.compiled_masks`): one pass over the input where torch's ops make five.
 
 Under bf16 autocast, `adapter.FastDropout` compares 16-bit random lanes with its threshold, casts the 1-byte mask to
 fp32, multiplies by the input and by the scale, and the LoRA A matmul's autocast then casts the dropped input to bf16:
@@ -7,6 +10,12 @@ up, the byte cast and two multiplies again. On a CPU whose matmuls are fast (AMX
 Each loop here computes the same IEEE operations in the same order, (keep * x) * scale in fp32, rounded to bf16 to
 nearest even with integer arithmetic as torch's vectorized cast rounds (a NaN written as it writes one, 0xFFFF), so
 the values, the kept mask and the gradient are the same bits (tests/test_kernels.py); no fast-math, no contraction.
+
+LoRA's sum (`train.compiled_sums`): a projection's output is its frozen output, cast back to the fp32 residual
+stream, plus its LoRA output scaled in the LoRA dtype (bf16 under autocast: `B(A(x)) * scaling`, rounded) and widened:
+three passes forward (cast, multiply, add), and three backward (the gradient cast to bf16 for the LoRA branch, the
+multiply, and the same cast again for the frozen matmul's backward). `lora_sum` reads the frozen output where the
+group's matmul left it, `lora_sum_grad` makes both bf16 gradients from one read.
 Compiled once per machine (numba's on-disk cache), run on as many threads as torch's ops.
 """
 
@@ -16,7 +25,7 @@ import numba
 import numpy as np
 import torch
 from numba import prange, types
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 _JIT = dict(cache=True, nogil=True, parallel=True, boundscheck=False, fastmath=False)
 
@@ -48,6 +57,28 @@ def _bf16(v):
     if (b & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):
         return np.uint16(0xFFFF)
     return np.uint16((b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
+
+
+def _f32(v):
+    """A value as fp32: a bf16's bits (uint16) widened exactly, an fp32 as it is."""
+
+
+@overload(_f32, inline="always")
+def _f32_typed(v):
+    if isinstance(v, types.Integer):
+        return lambda v: _float(np.uint32(v) << np.uint32(16))
+    return lambda v: v
+
+
+def _scaled(v, s):
+    """v * s in v's own dtype, as fp32: a bf16 times a scalar is computed in fp32 and rounded (torch's opmath)."""
+
+
+@overload(_scaled, inline="always")
+def _scaled_typed(v, s):
+    if isinstance(v, types.Integer):
+        return lambda v, s: _f32(_bf16(_f32(v) * s))
+    return lambda v, s: v * s
 
 
 @numba.njit(**_JIT)
@@ -84,6 +115,29 @@ def _undrop_bf16(grad, keep, scale, out):
         out[i] = (np.float32(keep[i]) * _float(np.uint32(grad[i]) << np.uint32(16))) * s
 
 
+@numba.njit(**_JIT)
+def _sum(y, width, lo, h, scale, out):
+    """out = y[:, lo:lo+n] + h * scale, by rows of n: y the frozen output, rows of `width` (bf16 bits or fp32), h the
+    LoRA output (bf16 bits or fp32), the product in h's dtype, the sum in fp32; all flat."""
+    s = np.float32(scale)
+    rows = y.size // width
+    n = h.size // rows
+    for r in prange(rows):
+        yr, hr, o = y[r * width + lo:r * width + lo + n], h[r * n:(r + 1) * n], out[r * n:(r + 1) * n]
+        for c in range(n):  # a row's own slices: LLVM vectorizes this loop, not one indexed from the flat arrays
+            o[c] = _f32(yr[c]) + _scaled(hr[c], s)
+
+
+@numba.njit(**_JIT)
+def _sum_grad(grad, scale, frozen, lora):
+    """frozen = bf16(grad), lora = bf16(frozen * scale): bits of both."""
+    s = np.float32(scale)
+    for i in prange(grad.size):
+        g = _bf16(grad[i])
+        frozen[i] = g
+        lora[i] = _bf16(_f32(g) * s)
+
+
 def _flat(t: torch.Tensor) -> np.ndarray:
     """A contiguous CPU tensor's flat numpy view (bf16 as the uint16 of its bits)."""
     t = t.detach().reshape(-1)
@@ -102,6 +156,22 @@ def undrop(grad: torch.Tensor, keep: torch.Tensor, scale: float, out: torch.Tens
     (_undrop_bf16 if grad.dtype == torch.bfloat16 else _undrop)(_flat(grad), _flat(keep), scale, _flat(out))
 
 
+def lora_sum(y: torch.Tensor, lo: int, h: torch.Tensor, scale: float) -> torch.Tensor:
+    """fp32(y[..., lo:lo + n]) + (h * scale in h's dtype), in fp32: y the frozen output of a group (contiguous), h
+    the LoRA output of one member (contiguous, n wide); each bf16 or fp32."""
+    out = torch.empty(h.shape, dtype=torch.float32)
+    _sum(_flat(y), y.shape[-1], lo, _flat(h), scale, _flat(out))
+    return out
+
+
+def lora_sum_grad(grad: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fp32 gradient of lora_sum's output in bf16 (the frozen matmul's backward reads it), and rounded to bf16
+    times scale (the LoRA output's gradient); grad contiguous."""
+    frozen, lora = (torch.empty(grad.shape, dtype=torch.bfloat16) for _ in range(2))
+    _sum_grad(_flat(grad), scale, _flat(frozen), _flat(lora))
+    return frozen, lora
+
+
 def warm() -> None:
     """Compile every loop (or load numba's cached build) now, not inside a step, on as many threads as torch uses.
     numba's OpenMP start-up sets the process's OpenMP thread count, torch's own included (the two share one libgomp
@@ -115,3 +185,6 @@ def warm() -> None:
         out = torch.empty(64, dtype=dtype)
         drop(x, lanes, 0, 1.0, out, keep)
         undrop(out, keep, 1.0, back)
+        for y in (x, x.to(dtype)):
+            lora_sum(y, 32, out[:32], 1.0)
+    lora_sum_grad(x, 1.0)

@@ -28,7 +28,7 @@ SCHEMA = 2
 # (the speed and memory switches are tested to give the same losses and gradients; the evaluation keys to give the
 # same loss curve and adapter).
 _NOT_HASHED = {("train", "resume"), ("train", "stop_after_steps"), ("train", "host_allocator"), ("train", "eval_every"),
-               ("train", "fuse_projections"), ("train", "compiled_masks"),
+               ("train", "fuse_projections"), ("train", "compiled_masks"), ("train", "compiled_sums"),
                ("train", "checkpoint_every"), ("train", "eval_batch_size"), ("train", "zero_shot"), ("experiment",),
                ("cache_dir",), ("sweep",), ("grid",), ("logger",), ("quant", "cache_dequantized"),
                ("quant", "cache_quantized"), ("offload",),
@@ -190,7 +190,8 @@ def execution(cfg) -> dict:
     return {**_CODE, "qft_version": versions_of(("qft",))["qft"], "cpu": cpu, "cpu_id": cpu_id(),
             "cpu_kind": kind, "threads": torch.get_num_threads(), "compute_dtype": cfg.quant.compute_dtype,
             "fuse_projections": bool(cfg.train.get("fuse_projections", False)),
-            "compiled_masks": bool(cfg.train.get("compiled_masks", False)), "torch": torch.__version__,
+            "compiled_masks": bool(cfg.train.get("compiled_masks", False)),
+            "compiled_sums": bool(cfg.train.get("compiled_sums", False)), "torch": torch.__version__,
             "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
 
 

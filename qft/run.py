@@ -122,6 +122,8 @@ def build(cfg, source: model.Source, device: torch.device) -> Built:
         adapter.compile_masks(net)
     if cfg.train.get("fuse_projections", False):
         fuse.install(net, projections, source.model_type)
+        if cfg.train.get("compiled_sums", False) and device.type == "cpu":
+            fuse.compile_sums(net)
     depth_groups = {g: tuple(v["layers"]) for g, v in (cfg.adapter.depth_groups or {}).items()} or None
     return Built(net, projections, bits, plan, adapter.count(plan, projections, depth_groups), base_bytes)
 

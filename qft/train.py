@@ -55,6 +55,7 @@ def check(cfg, device: str) -> None:
         raise QftError("train.host_allocator", cfg.host_allocator, f"allowed: {', '.join(ALLOCATORS)}")
     boolean("train.fuse_projections", cfg.get("fuse_projections", False))
     boolean("train.compiled_masks", cfg.get("compiled_masks", False))
+    boolean("train.compiled_sums", cfg.get("compiled_sums", False))
 
 
 def tune_host_allocator(cfg) -> bool:

@@ -63,22 +63,32 @@ def test_step_ops_bad_input_exits_2_with_one_line():
     assert len(out.stderr.strip().splitlines()) == 1
 
 
-def test_compiled_masks_alternates_the_switch_in_one_process(tmp_path):
-    out = subprocess.run([sys.executable, "benchmarks/compiled_masks.py", "--batch", "4", "--warmup", "1", "--pairs",
-                          "2", "--out", str(tmp_path), "model=tiny_llama"], cwd=ROOT, capture_output=True, text=True,
-                         timeout=600)
+@pytest.mark.parametrize("loops", ["masks", "sums"])
+def test_compiled_alternates_the_switch_in_one_process(tmp_path, loops):
+    out = subprocess.run([sys.executable, "benchmarks/compiled.py", "--loops", loops, "--batch", "4", "--warmup", "1",
+                          "--pairs", "2", "--out", str(tmp_path), "model=tiny_llama"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=600)
     assert out.returncode == 0, out.stderr
-    (result,) = tmp_path.glob("compiled_masks-seq64-model_tiny_llama-*.json")
+    (result,) = tmp_path.glob(f"compiled_{loops}-seq64-model_tiny_llama-*.json")
     got = json.loads(result.read_text())
     assert len(got["step_seconds"]["compiled"]) == len(got["step_seconds"]["torch_ops"]) == 2
     med = got["step_seconds_median"]
     assert got["ratio_compiled_over_torch_ops"] == pytest.approx(med["compiled"] / med["torch_ops"])
-    assert f"ratio {got['ratio_compiled_over_torch_ops']:.3f}" in out.stdout
+    assert f"the {loops} compiled" in out.stdout and f"ratio {got['ratio_compiled_over_torch_ops']:.3f}" in out.stdout
 
 
 def test_compiled_masks_without_masks_exits_2_with_one_line(tmp_path):
-    out = subprocess.run([sys.executable, "benchmarks/compiled_masks.py", "--out", str(tmp_path), "model=tiny_llama",
+    out = subprocess.run([sys.executable, "benchmarks/compiled.py", "--out", str(tmp_path), "model=tiny_llama",
                           "adapter.dropout_mask=torch"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 2 and out.stdout == "" and not list(tmp_path.iterdir())
     assert out.stderr.strip().splitlines() == [out.stderr.strip().splitlines()[-1]]
-    assert out.stderr.startswith("compiled_masks.py: error: adapter.dropout_mask='torch'")
+    assert out.stderr.startswith("compiled.py: error: adapter.dropout_mask='torch'")
+
+
+def test_compiled_sums_without_fusion_exits_2_with_one_line(tmp_path):
+    out = subprocess.run([sys.executable, "benchmarks/compiled.py", "--loops", "sums", "--out", str(tmp_path),
+                          "model=tiny_llama", "train.fuse_projections=false"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 2 and out.stdout == "" and not list(tmp_path.iterdir())
+    assert out.stderr.strip().splitlines() == [out.stderr.strip().splitlines()[-1]]
+    assert out.stderr.startswith("compiled.py: error: train.fuse_projections=False")

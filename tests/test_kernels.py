@@ -1,5 +1,7 @@
-"""train.compiled_masks: the fast dropout mask as one compiled pass gives the very bits torch's ops give."""
+"""The compiled loops (qft.kernels) give the very bits torch's ops give: train.compiled_masks (the fast dropout mask as
+one pass) and train.compiled_sums (a projection's frozen and scaled LoRA outputs summed in one pass)."""
 
+import collections
 import os
 import subprocess
 import sys
@@ -9,7 +11,7 @@ import pytest
 import torch
 
 from conftest import build, make_cfg, spread_lora_b
-from qft import adapter, kernels, record, train
+from qft import adapter, fuse, kernels, record, train
 
 P = 0.05
 THRESHOLD, SCALE = round(P * 65536) - 32768, 65536 / (65536 - round(P * 65536))
@@ -113,17 +115,24 @@ def test_compiled_mask_runs_torchs_ops_where_it_cannot_apply():
         assert a.dtype == inp.dtype and torch.equal(torch.nan_to_num(a), torch.nan_to_num(b))
 
 
-def loss_and_grads(*overrides):
-    _, _, built = build("adapter.dropout=0.2", "adapter.dropout_mask=fast", *overrides)
-    net = built.model
-    spread_lora_b(net)
-    if "train.gradient_checkpointing=true" in overrides:  # as train.train enables it: recompute redraws the masks
-        net.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+def loss_and_grads(*overrides, net=None):
+    """The model of the overrides (or `net`, built from them) and its loss and gradients on the tiny batch."""
+    if net is None:
+        net = model_of(*overrides)
     torch.manual_seed(7)  # the masks' draws
     dtype = torch.bfloat16 if "quant.compute_dtype=bf16" in overrides else torch.float32
     loss, n, _ = train.answer_loss(net, PROMPTS, ANSWERS, 2, dtype)
     (loss / n).backward()
     return net, loss.item(), {k: p.grad for k, p in net.named_parameters() if p.requires_grad}
+
+
+def model_of(*overrides):
+    _, _, built = build("adapter.dropout=0.2", "adapter.dropout_mask=fast", *overrides)
+    net = built.model
+    spread_lora_b(net)
+    if "train.gradient_checkpointing=true" in overrides:  # as train.train enables it: recompute redraws the masks
+        net.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return net
 
 
 @pytest.mark.parametrize("extra", [["quant.compute_dtype=bf16"], ["quant.compute_dtype=fp32"],
@@ -149,3 +158,83 @@ def test_compiled_masks_is_an_execution_switch_outside_the_hash():
     _, _, built = build("train.compiled_masks=false", "adapter.dropout=0.1")
     assert not any(getattr(m, "compiled", False) for m in built.model.modules())
     assert adapter.compile_masks(built.model) == 4 * 7
+
+
+def same_bits(a, b):
+    """Equal bits, NaNs in the same places (an inf - inf or a NaN's payload is not what is tested)."""
+    finite = ~torch.isnan(b.float())
+    return a.dtype == b.dtype and torch.equal(bits(a)[finite], bits(b)[finite]) and torch.equal(
+        torch.isnan(a.float()), ~finite)
+
+
+@pytest.mark.parametrize("y_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("h_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("scale", [2.0, 16 / 8 ** 0.5, 0.3, 1e-30])
+def test_compiled_sum_gives_the_bits_of_pefts_sum(y_dtype, h_dtype, scale):
+    y = awkward((3, 7, 96), seed=3).to(y_dtype)  # a group's frozen output, members side by side
+    h = awkward((3, 7, 40), seed=4).to(h_dtype)  # one member's LoRA output
+    for lo in (0, 17, 56):
+        ref = y[..., lo:lo + 40].to(torch.float32) + h * scale  # peft: result + lora_B(...) * scaling, result fp32
+        assert same_bits(kernels.lora_sum(y, lo, h, scale), ref)
+
+
+@pytest.mark.parametrize("scale", [2.0, 16 / 8 ** 0.5, 0.3, 1e-30])
+def test_compiled_sum_gradient_gives_the_bits_of_pefts_nodes(scale):
+    grad = awkward((5, 9, 33), seed=5)
+    frozen, lora = kernels.lora_sum_grad(grad, scale)
+    # the add node hands the bf16 branch its gradient cast to bf16, the multiply scales it in bf16, and the frozen
+    # matmul's backward casts the same gradient again
+    assert same_bits(frozen, grad.to(torch.bfloat16)) and same_bits(lora, grad.to(torch.bfloat16) * scale)
+
+
+def run_model(*overrides):
+    """loss_and_grads, then the evaluation logits, counting the compiled sums' calls forward and backward (not the
+    build's, which compile them)."""
+    calls, net = collections.Counter(), model_of(*overrides)
+    with pytest.MonkeyPatch.context() as mp:
+        for name in ("lora_sum", "lora_sum_grad"):
+            mp.setattr(kernels, name, counted(getattr(kernels, name), name, calls))
+        net, loss, grads = loss_and_grads(*overrides, net=net)
+        net.eval()
+        dtype = torch.bfloat16 if "quant.compute_dtype=bf16" in overrides else torch.float32
+        with torch.no_grad(), torch.autocast("cpu", dtype, enabled=dtype == torch.bfloat16):
+            logits = net(input_ids=torch.tensor([PROMPTS[2]])).logits
+    return net, loss, grads, logits, calls
+
+
+def counted(f, name, calls):
+    def wrapper(*args):
+        calls[name] += 1
+        return f(*args)
+    return wrapper
+
+
+@pytest.mark.parametrize("extra,sums", [
+    (["quant.compute_dtype=bf16"], 4 * 5),  # tiny_llama: 4 layers, q/k/v and gate/up fused
+    (["quant.compute_dtype=fp32"], 4 * 5),
+    (["quant.compute_dtype=bf16", "quant.cache_dequantized=true"], 4 * 5),
+    (["quant.compute_dtype=bf16", "train.gradient_checkpointing=true"], 4 * 5),
+    (["quant.compute_dtype=bf16", "quant=attn8_mlp4"], 4 * 2),  # int8 attention runs unfused
+    (["quant.compute_dtype=bf16", "adapter.use_rslora=true", "+adapter.projections.v_proj={r:0}",
+      "+adapter.depth_groups.deep={layers:[2,3],r:4}"], 4 * 4 + 2),  # v (r=0 but in the deep group) has no sum
+    (["quant.compute_dtype=bf16", "train.compiled_masks=false", "adapter.dropout_mask=torch"], 4 * 5),
+])
+def test_compiled_sums_change_no_numbers_in_a_model(extra, sums):
+    net, loss, grads, logits, calls = run_model("train.compiled_sums=true", *extra)
+    _, ref_loss, ref_grads, ref_logits, ref_calls = run_model("train.compiled_sums=false", *extra)
+    assert all(g.compiled for g in net._qft_fused) and not ref_calls
+    recompute = 2 if "train.gradient_checkpointing=true" in extra else 1  # forward again in backward
+    assert calls["lora_sum"] == sums * (recompute + 1)  # training, then evaluation
+    # bf16 compute: the backward loop; fp32: torch's own multiply (one pass either way)
+    assert calls["lora_sum_grad"] == (0 if "quant.compute_dtype=fp32" in extra else sums)
+    assert loss == ref_loss and torch.equal(logits, ref_logits)
+    assert grads.keys() == ref_grads.keys() and all(torch.equal(grads[k], ref_grads[k]) for k in grads)
+
+
+def test_compiled_sums_is_an_execution_switch_outside_the_hash():
+    on, off = make_cfg("train.compiled_sums=true"), make_cfg("train.compiled_sums=false")
+    assert record.config_hash(on) == record.config_hash(off)
+    assert record.execution(on)["compiled_sums"] is True and record.execution(off)["compiled_sums"] is False
+    _, _, built = build("train.compiled_sums=false")
+    assert built.model._qft_fused and not any(g.compiled for g in built.model._qft_fused)
+    assert fuse.compile_sums(built.model) == 4 * 2

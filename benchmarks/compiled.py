@@ -1,0 +1,110 @@
+"""A compiled-loop switch on against off, in one process (`--loops masks`: `train.compiled_masks`; `sums`:
+`train.compiled_sums`): steps alternate between the two on the same model, batches and memory state, so the machine's
+drift between processes (5-10% on these VMs) falls on both alike.
+
+    python benchmarks/compiled.py                                                   # masks; 12 steps each, after 2
+    python benchmarks/compiled.py --loops sums quant.attention_dtype=fp32 quant.cache_dequantized=true
+
+The workload is `speed.py`'s (SmolLM2-135M, BBC News, batch 16 x 64, its lr and dropout); a step is the training
+step of `step_ops.py` (answer loss, backward, clipping, AdamW). The other switch stays as the config sets it. The medians and their ratio go
+to benchmarks/results/compiled_{loops}-seq{N}[-overrides]-{cpu kind}.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import speed
+import step_ops
+
+
+def masks(cfg, net=None) -> list:
+    """Refuse a config without fast masks; with the model, its masks, compiled."""
+    from qft import adapter
+    from qft.errors import QftError
+
+    if cfg.adapter.get("dropout_mask") != "fast" or not cfg.adapter.dropout:
+        raise QftError("adapter.dropout_mask", cfg.adapter.get("dropout_mask"),
+                       "only fast masks compile: needs adapter.dropout_mask=fast and adapter.dropout > 0")
+    if net is None:
+        return []
+    if not adapter.compile_masks(net):
+        raise QftError("train.compiled_masks", True, "numba is not installed (pip install numba)")
+    return [m for m in net.modules() if isinstance(m, adapter.FastDropout)]
+
+
+def sums(cfg, net=None) -> list:
+    """Refuse a config without fused projections; with the model, its fused groups, compiled."""
+    from qft import fuse
+    from qft.errors import QftError
+
+    if not cfg.train.get("fuse_projections"):
+        raise QftError("train.fuse_projections", cfg.train.get("fuse_projections"),
+                       "the compiled sums run in fused groups: needs train.fuse_projections=true")
+    if net is None:
+        return []
+    if not fuse.compile_sums(net):
+        raise QftError("train.compiled_sums", True, "numba is not installed (pip install numba)")
+    return list(net._qft_fused)
+
+
+CHECKS = {"masks": masks, "sums": sums}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--seq", type=int, default=64)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--loops", choices=("masks", "sums"), default="masks", help="which switch alternates")
+    ap.add_argument("--pairs", type=int, default=12, help="steps with the loops compiled, and as many without")
+    ap.add_argument("--out", default=str(speed.ROOT / "benchmarks" / "results"))
+    ap.add_argument("qft_overrides", nargs="*", help="qft overrides, e.g. quant.attention_dtype=fp32")
+    a = ap.parse_args()
+    from qft import model
+
+    n = a.warmup + 2 * a.pairs
+    cfg = step_ops.compose(a.batch, a.seq, n, a.qft_overrides)
+    check = CHECKS[a.loops]
+    check(cfg)
+    net, step = step_ops.workload(cfg)
+    switched = check(cfg, net)
+    seconds = {True: [], False: []}
+    for i in range(n):
+        on = i % 2 == 0
+        for m in switched:
+            m.compiled = on
+        t = time.perf_counter()
+        step(i)
+        if i >= a.warmup:
+            seconds[on].append(time.perf_counter() - t)
+    med = {k: statistics.median(v) for k, v in seconds.items()}
+    out = {"step_seconds_median": {"compiled": med[True], "torch_ops": med[False]},
+           "ratio_compiled_over_torch_ops": med[True] / med[False],
+           "step_seconds": {"compiled": seconds[True], "torch_ops": seconds[False]},
+           "settings": {"batch": a.batch, "seq": a.seq, "warmup": a.warmup, "pairs": a.pairs,
+                        "qft_overrides": a.qft_overrides,
+                        "compute_dtype": model.compute_dtype_name(cfg.quant.compute_dtype), **speed.machine()}}
+    name = speed.tagged(f"compiled_{a.loops}-seq{a.seq}", a.qft_overrides, out["settings"]["cpu_kind"],
+                        out["settings"]["isa_caps"])
+    Path(a.out).mkdir(parents=True, exist_ok=True)
+    (Path(a.out) / f"{name}.json").write_text(json.dumps(out, indent=1))
+    print(f"{out['settings']['cpu']}, {out['settings']['threads']} threads, {out['settings']['compute_dtype']}: "
+          f"a step {med[True]:.3f} s with the {a.loops} compiled, {med[False]:.3f} s with torch's ops "
+          f"(medians of {a.pairs} each): ratio {out['ratio_compiled_over_torch_ops']:.3f}")
+
+
+if __name__ == "__main__":
+    from qft.errors import QftError
+
+    try:
+        main()
+    except QftError as e:
+        raise SystemExit(print(f"compiled.py: error: {e}", file=sys.stderr) or 2)
