@@ -15,6 +15,9 @@ fusion bit for bit against a group that runs each member's own matmul); how far 
 loss has not been measured.
 The LoRA A matrices stay one matmul per projection: at rank 8 the output is narrowest and the kernel choice most
 likely to change with width, and one matmul for the group saved only an input cast in evaluation.
+Every other projection with an adapter (o, down) runs as a group of one, for the same path: bitsandbytes' layer and
+peft's defensive copy of its output skipped, and with `train.compiled_sums` (`_Sum`, qft.kernels) each member's
+output, frozen slice plus scaled LoRA output, made in one compiled pass forward and one backward.
 
 The live model keeps peft's own per-projection modules (and so stock adapters, `merge_and_unload`, the bnb LoRA
 classes): a group only replaces their `forward` with a call into itself, and steps aside whenever peft's state is
@@ -64,21 +67,21 @@ class _Sum(torch.autograd.Function):
     the next member's, so autograd runs the nodes, and sums the input's gradient, in the same order."""
 
     @staticmethod
-    def forward(ctx, stand_in, h, y, lo, scale, dtype, box):
+    def forward(ctx, stand_in, h, y, lo, scale, dtype, out_dtype, box):
         from qft import kernels
 
         ctx.scale, ctx.dtype, ctx.h_dtype, ctx.box = scale, dtype, h.dtype, box
-        return kernels.lora_sum(y, lo, h, scale)
+        return kernels.lora_sum(y, lo, h, scale, out_dtype)
 
     @staticmethod
     def backward(ctx, grad):
-        if ctx.dtype == ctx.h_dtype == torch.bfloat16:
+        if ctx.dtype == ctx.h_dtype == torch.bfloat16 and grad.dtype == torch.float32:
             from qft import kernels
 
             ctx.box["grad"], lora = kernels.lora_sum_grad(grad.contiguous(), ctx.scale)
-        else:  # fp32 compute: the same ops as peft's nodes, nothing to save
+        else:  # an fp32 or a bf16 sum: the same ops as peft's nodes, one pass either way
             ctx.box["grad"], lora = grad.to(ctx.dtype), grad.to(ctx.h_dtype) * ctx.scale
-        return grad.new_empty(0), lora, None, None, None, None, None
+        return grad.new_empty(0), lora, None, None, None, None, None, None
 
 
 class Group:
@@ -198,24 +201,27 @@ class Group:
         a, b = m.lora_A["default"], m.lora_B["default"]
         autocast = torch.is_autocast_enabled(x.device.type)
         h_dtype = torch.get_autocast_dtype(x.device.type) if autocast else b.weight.dtype
-        box = {} if self.compiled and self._summable(x, h_dtype) else None
+        out_dtype = x.dtype if self.cast_back else self.dtype  # peft's result dtype, and so its sum's
+        box = {} if self.compiled and self._summable(x, h_dtype, out_dtype) else None
         result = _Member.apply(x, self, i, box)
         middle = a(m.lora_dropout["default"](m._cast_input_dtype(x, a.weight.dtype)))
         h = b(middle)
         if box is not None:
             lo, _ = self.slices[i]
             return _Sum.apply(result, h.contiguous(), self.shared(x, "base", None), lo, m.scaling["default"],
-                              self.dtype, box)
+                              self.dtype, out_dtype, box)
         h = h * m.scaling["default"]
         if not autocast:
             h = h.to(result.dtype)
         return (result + h).to(result.dtype)
 
-    def _summable(self, x: torch.Tensor, h_dtype: torch.dtype) -> bool:
-        """Whether the compiled sum computes what peft's sum computes here: an fp32 output on the CPU, from bf16 or
-        fp32 parts (a bias is in the frozen output already: the group's matmul adds it)."""
-        return (x.device.type == "cpu" and x.dtype == torch.float32 and self.cast_back
-                and self.dtype in (torch.bfloat16, torch.float32) and h_dtype in (torch.bfloat16, torch.float32))
+    def _summable(self, x: torch.Tensor, h_dtype: torch.dtype, out_dtype: torch.dtype) -> bool:
+        """Whether the compiled sum computes what peft's sum computes here: on the CPU, from bf16 or fp32 parts to an
+        fp32 output, or all in bf16 (peft rounds an fp32 part to bf16 before a bf16 add). A bias is in the frozen
+        output already: the group's matmul adds it."""
+        parts = {self.dtype, h_dtype}
+        return x.device.type == "cpu" and (parts <= {torch.bfloat16, torch.float32} and out_dtype == torch.float32
+                                           or parts == {out_dtype} == {torch.bfloat16})
 
 
 class _CastHead:
@@ -241,20 +247,26 @@ class _CastHead:
 
 def install(model: nn.Module, projections: list[L.Layer], model_type: str) -> list[Group]:
     """Fuse every group of projections that read one input, per the architecture registry; groups whose members
-    differ in kind (bits), compute dtype or input width run unfused. Returns the fused groups."""
+    differ in kind (bits), compute dtype or input width run unfused. Every other projection with an adapter runs as a
+    group of one: the same path without the sharing (bitsandbytes' layer and peft's defensive copy of its output
+    skipped, the compiled sum where it is on). Returns the groups."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     arch = L.architecture(model_type)
-    parents = sorted({layer.name.rpartition(".")[0] for layer in projections})
+    by_parent: dict[str, list[str]] = {}
+    for layer in projections:
+        by_parent.setdefault(layer.name.rpartition(".")[0], []).append(layer.proj)
     groups = []
-    for parent_name in parents:
+    for parent_name in sorted(by_parent):
         parent = base.get_submodule(parent_name)
-        for names in arch.shared_input:
-            if not all(hasattr(parent, n) for n in names):
-                continue
+        shared = [names for names in arch.shared_input if all(hasattr(parent, n) for n in names)]
+        alone = [(n,) for n in by_parent[parent_name] if hasattr(getattr(parent, n), "lora_A")]
+        placed: set[str] = set()
+        for names in shared + alone:
             group = Group(parent, names)
-            if group.fusable():
+            if placed.isdisjoint(names) and group.fusable():
                 group.install()
                 groups.append(group)
+                placed.update(names)
     head = base.get_output_embeddings()
     if type(head) is nn.Linear:
         head.register_buffer("qft_cast", None, persistent=False)

@@ -15,7 +15,8 @@ LoRA's sum (`train.compiled_sums`): a projection's output is its frozen output, 
 stream, plus its LoRA output scaled in the LoRA dtype (bf16 under autocast: `B(A(x)) * scaling`, rounded) and widened:
 three passes forward (cast, multiply, add), and three backward (the gradient cast to bf16 for the LoRA branch, the
 multiply, and the same cast again for the frozen matmul's backward). `lora_sum` reads the frozen output where the
-group's matmul left it, `lora_sum_grad` makes both bf16 gradients from one read.
+group's matmul left it, `lora_sum_grad` makes both bf16 gradients from one read. (Where the input, and so the output,
+is bf16, as o_proj's behind bf16 attention, the sum is rounded to bf16 and backward is one multiply either way.)
 Compiled once per machine (numba's on-disk cache), run on as many threads as torch's ops.
 """
 
@@ -129,6 +130,18 @@ def _sum(y, width, lo, h, scale, out):
 
 
 @numba.njit(**_JIT)
+def _sum_bf16(y, width, lo, h, scale, out):
+    """The same, the sum rounded to bf16 (out holds its bits): a bf16 input's projection."""
+    s = np.float32(scale)
+    rows = y.size // width
+    n = h.size // rows
+    for r in prange(rows):
+        yr, hr, o = y[r * width + lo:r * width + lo + n], h[r * n:(r + 1) * n], out[r * n:(r + 1) * n]
+        for c in range(n):
+            o[c] = _bf16(_f32(yr[c]) + _scaled(hr[c], s))
+
+
+@numba.njit(**_JIT)
 def _sum_grad(grad, scale, frozen, lora):
     """frozen = bf16(grad), lora = bf16(frozen * scale): bits of both."""
     s = np.float32(scale)
@@ -156,11 +169,11 @@ def undrop(grad: torch.Tensor, keep: torch.Tensor, scale: float, out: torch.Tens
     (_undrop_bf16 if grad.dtype == torch.bfloat16 else _undrop)(_flat(grad), _flat(keep), scale, _flat(out))
 
 
-def lora_sum(y: torch.Tensor, lo: int, h: torch.Tensor, scale: float) -> torch.Tensor:
-    """fp32(y[..., lo:lo + n]) + (h * scale in h's dtype), in fp32: y the frozen output of a group (contiguous), h
-    the LoRA output of one member (contiguous, n wide); each bf16 or fp32."""
-    out = torch.empty(h.shape, dtype=torch.float32)
-    _sum(_flat(y), y.shape[-1], lo, _flat(h), scale, _flat(out))
+def lora_sum(y: torch.Tensor, lo: int, h: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
+    """y[..., lo:lo + n] + (h * scale in h's dtype), summed in fp32, in `dtype` (fp32, or bf16 rounded): y the frozen
+    output of a group (contiguous), h the LoRA output of one member (contiguous, n wide); each bf16 or fp32."""
+    out = torch.empty(h.shape, dtype=dtype)
+    (_sum_bf16 if dtype == torch.bfloat16 else _sum)(_flat(y), y.shape[-1], lo, _flat(h), scale, _flat(out))
     return out
 
 
@@ -186,5 +199,5 @@ def warm() -> None:
         drop(x, lanes, 0, 1.0, out, keep)
         undrop(out, keep, 1.0, back)
         for y in (x, x.to(dtype)):
-            lora_sum(y, 32, out[:32], 1.0)
+            lora_sum(y, 32, out[:32], 1.0, dtype)
     lora_sum_grad(x, 1.0)

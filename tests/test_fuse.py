@@ -66,13 +66,13 @@ def fused_outputs(dtype, *extra, **kw):
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
-@pytest.mark.parametrize("extra,groups", [
-    (["quant=nf4"], 8),
-    (["quant=nf4", "quant.cache_dequantized=true"], 8),
-    (["quant=none"], 8),
-    (["quant=attn8_mlp4"], 4),  # int8 attention runs unfused
-    (["quant=nf4", "+quant.projections.k_proj={bits:8}", "adapter.mlp.r=2", "adapter.attn.alpha=4"], 4),
-    (["quant=nf4", "+adapter.projections.v_proj={r:0}", "+adapter.depth_groups.deep={layers:[2,3],r:4}"], 8),
+@pytest.mark.parametrize("extra,groups", [  # tiny_llama's 4 layers: q/k/v, o, gate/up and down each a group
+    (["quant=nf4"], 16),
+    (["quant=nf4", "quant.cache_dequantized=true"], 16),
+    (["quant=none"], 16),
+    (["quant=attn8_mlp4"], 8),  # int8 attention runs unfused
+    (["quant=nf4", "+quant.projections.k_proj={bits:8}", "adapter.mlp.r=2", "adapter.attn.alpha=4"], 20),  # q, v alone
+    (["quant=nf4", "+adapter.projections.v_proj={r:0}", "+adapter.depth_groups.deep={layers:[2,3],r:4}"], 16),
 ])
 def test_fused_equals_unfused(dtype, extra, groups):
     ref_built, ref_loss, ref_grads, ref_logits = outputs("false", dtype, *extra)
@@ -123,7 +123,7 @@ def test_groups_follow_the_registry_and_keep_peft_modules():
     _, _, built = build("train.fuse_projections=true", "quant=nf4")
     base = built.model.get_base_model()
     names = sorted(tuple(g.names) for g in built.model._qft_fused)
-    assert names == sorted([("q_proj", "k_proj", "v_proj")] * 4 + [("gate_proj", "up_proj")] * 4)
+    assert names == sorted([("q_proj", "k_proj", "v_proj"), ("o_proj",), ("gate_proj", "up_proj"), ("down_proj",)] * 4)
     for layer in built.projections:
         assert isinstance(base.get_submodule(layer.name), lora_bnb.Linear4bit)  # peft's own class, unchanged
 
