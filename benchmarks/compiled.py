@@ -25,37 +25,12 @@ import speed
 import step_ops
 
 
-def masks(cfg, net=None) -> list:
-    """Refuse a config without fast masks; with the model, its masks, compiled."""
-    from qft import adapter
-    from qft.errors import QftError
-
-    if cfg.adapter.get("dropout_mask") != "fast" or not cfg.adapter.dropout:
-        raise QftError("adapter.dropout_mask", cfg.adapter.get("dropout_mask"),
-                       "only fast masks compile: needs adapter.dropout_mask=fast and adapter.dropout > 0")
-    if net is None:
-        return []
-    if not adapter.compile_masks(net):
-        raise QftError("train.compiled_masks", True, "numba is not installed (pip install numba)")
-    return [m for m in net.modules() if isinstance(m, adapter.FastDropout)]
-
-
-def sums(cfg, net=None) -> list:
-    """Refuse a config without fused projections; with the model, its fused groups, compiled."""
-    from qft import fuse
-    from qft.errors import QftError
-
-    if not cfg.train.get("fuse_projections"):
-        raise QftError("train.fuse_projections", cfg.train.get("fuse_projections"),
-                       "the compiled sums run in fused groups: needs train.fuse_projections=true")
-    if net is None:
-        return []
-    if not fuse.compile_sums(net):
-        raise QftError("train.compiled_sums", True, "numba is not installed (pip install numba)")
-    return list(net._qft_fused)
-
-
-CHECKS = {"masks": masks, "sums": sums}
+NEEDS = {  # what a config needs for the loops to run: the key to name, whether it holds, what is allowed
+    "masks": ("adapter.dropout_mask", lambda cfg: cfg.adapter.get("dropout_mask") == "fast" and cfg.adapter.dropout > 0,
+              "only fast masks compile: needs adapter.dropout_mask=fast and adapter.dropout > 0"),
+    "sums": ("train.fuse_projections", lambda cfg: bool(cfg.train.get("fuse_projections")),
+             "the compiled sums run in fused groups: needs train.fuse_projections=true"),
+}
 
 
 def main() -> None:
@@ -68,14 +43,20 @@ def main() -> None:
     ap.add_argument("--out", default=str(speed.ROOT / "benchmarks" / "results"))
     ap.add_argument("qft_overrides", nargs="*", help="qft overrides, e.g. quant.attention_dtype=fp32")
     a = ap.parse_args()
-    from qft import model
+    from omegaconf import OmegaConf
+
+    from qft import adapter, fuse, model
+    from qft.errors import QftError
 
     n = a.warmup + 2 * a.pairs
     cfg = step_ops.compose(a.batch, a.seq, n, a.qft_overrides)
-    check = CHECKS[a.loops]
-    check(cfg)
+    key, holds, allowed = NEEDS[a.loops]
+    if not holds(cfg):
+        raise QftError(key, OmegaConf.select(cfg, key), allowed)
     net, step = step_ops.workload(cfg)
-    switched = check(cfg, net)
+    switched = adapter.compile_masks(net) if a.loops == "masks" else fuse.compile_sums(net)
+    if not switched:
+        raise QftError(f"train.compiled_{a.loops}", True, "numba is not installed (pip install numba)")
     seconds = {True: [], False: []}
     for i in range(n):
         on = i % 2 == 0

@@ -1,4 +1,5 @@
-"""Where a qft training step goes, op by op: every aten (and bitsandbytes) op of a few steps timed as it runs.
+"""Where a qft training step goes, op by op: every aten (and bitsandbytes) op of a few steps timed as it runs, and
+qft.kernels' compiled loops as ops of their own (`qft.kernels.NAME`, the aten ops they call inside counted in them).
 
     python benchmarks/step_ops.py                                   # SmolLM2-135M, BBC News, batch 16 x 64, defaults
     python benchmarks/step_ops.py quant.attention_dtype=fp32 --top 20
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import math
 import sys
 import time
@@ -32,11 +34,14 @@ class OpTimer(TorchDispatchMode):
         super().__init__()
         self.ops = collections.defaultdict(lambda: [0, 0.0])
         self.split = split  # further ops keyed by their operands' shapes and dtypes (--split)
+        self.inside = 0  # within a compiled loop's call: its own aten ops are part of its time
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         t = time.perf_counter()
         out = func(*args, **(kwargs or {}))
         dt = time.perf_counter() - t
+        if self.inside:
+            return out
         name = str(func.overloadpacket)
         if name in ("aten.mm", "aten.bmm", "aten.addmm"):
             name += " " + " x ".join(str(list(a.shape)) for a in args if isinstance(a, torch.Tensor))
@@ -47,6 +52,19 @@ class OpTimer(TorchDispatchMode):
         self.ops[name][0] += 1
         self.ops[name][1] += dt
         return out
+
+    def timed(self, name: str, f):
+        """f, timed as one op (qft.kernels' loops are numba code, which the dispatcher does not see)."""
+        def call(*args):
+            self.inside += 1
+            t = time.perf_counter()
+            try:
+                return f(*args)
+            finally:
+                self.ops[name][0] += 1
+                self.ops[name][1] += time.perf_counter() - t
+                self.inside -= 1
+        return call
 
 
 def compose(batch: int, seq: int, steps: int, overrides: list[str]):
@@ -82,6 +100,25 @@ def workload(cfg):
     return net, step
 
 
+@contextlib.contextmanager
+def compiled_loops_timed(timer: OpTimer):
+    """qft.kernels' public loops timed as ops of their own, `qft.kernels.NAME`, where numba is installed."""
+    try:
+        from qft import kernels
+    except ImportError:
+        yield
+        return
+    names = ("drop", "undrop", "lora_sum", "lora_sum_grad", "random_bits")
+    own = {n: getattr(kernels, n) for n in names}
+    try:
+        for n in names:
+            setattr(kernels, n, timer.timed(f"qft.kernels.{n}", own[n]))
+        yield
+    finally:
+        for n in names:
+            setattr(kernels, n, own[n])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, default=16)
@@ -103,7 +140,7 @@ def main() -> None:
         step(i)
     timer = OpTimer(tuple(o for o in a.split.split(",") if o))
     t = time.perf_counter()
-    with timer:
+    with timer, compiled_loops_timed(timer):
         for i in range(a.warmup, n):
             step(i)
     wall = (time.perf_counter() - t) / a.steps

@@ -222,7 +222,12 @@ class FastDropout(nn.Module):
         if not self.training or self.threshold == -32768:
             return x
         n = x.numel()
-        bits = torch.empty((n + 3) // 4, dtype=torch.int64, device=x.device).random_(-2**63, None)
+        if self.compiled and x.device.type == "cpu":  # the same draws, tempered on every thread
+            from qft import kernels
+
+            bits = kernels.random_bits((n + 3) // 4)
+        else:
+            bits = torch.empty((n + 3) // 4, dtype=torch.int64, device=x.device).random_(-2**63, None)
         return _MaskedScale.apply(x, bits.view(torch.int16)[:n].view(x.shape), self.threshold, self.scale,
                                   self.compiled, self.one_reader)
 
@@ -230,14 +235,14 @@ class FastDropout(nn.Module):
         return f"p={self.p}, mask=fast" + (", compiled" if self.compiled else "")
 
 
-def compile_masks(model: nn.Module) -> int:
+def compile_masks(model: nn.Module) -> list:
     """Run every fast dropout mask of the model as one compiled pass (`train.compiled_masks`, qft.kernels): the same
     bits in fewer passes. Compiles (or loads numba's cached build) here, before any step, keeping torch's thread
-    count. Returns how many masks; 0 where numba is not installed, and torch's ops run as without."""
+    count. Returns the masks; none where numba is not installed, and torch's ops run as without."""
     try:
         from qft import kernels
     except ImportError:  # numba is not installed
-        return 0
+        return []
     masks = [m for m in model.modules() if isinstance(m, FastDropout)]
     if masks:
         kernels.warm()
@@ -250,7 +255,7 @@ def compile_masks(model: nn.Module) -> int:
             for key, drop in m.lora_dropout.items():
                 if isinstance(drop, FastDropout) and (getattr(m, "lora_variant", None) or {}).get(key):
                     drop.one_reader = False
-    return len(masks)
+    return masks
 
 
 def verify(peft_model, plan_: dict[str, dict], use_rslora: bool) -> None:

@@ -275,20 +275,20 @@ def install(model: nn.Module, projections: list[L.Layer], model_type: str) -> li
     return groups
 
 
-def compile_sums(model: nn.Module) -> int:
+def compile_sums(model: nn.Module) -> list[Group]:
     """Sum each fused member's frozen and LoRA outputs in one compiled pass (`train.compiled_sums`, qft.kernels): the
     same bits in fewer passes. Compiles (or loads numba's cached build) here, before any step, keeping torch's
-    thread count. Returns how many groups; 0 where numba is not installed, and torch's ops run as without."""
+    thread count. Returns the groups; none where numba is not installed, and torch's ops run as without."""
     try:
         from qft import kernels
     except ImportError:  # numba is not installed
-        return 0
+        return []
     groups = getattr(model, "_qft_fused", [])
     if groups:
         kernels.warm()
     for group in groups:
         group.compiled = True
-    return len(groups)
+    return groups
 
 
 def remove(model: nn.Module) -> None:

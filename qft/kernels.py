@@ -1,7 +1,8 @@
 """Compiled loops (numba) for the memory-bound work around each LoRA projection: one pass where torch's ops make
 several, the same bits.
 
-The fast dropout mask (`train.compiled_masks`): one pass over the input where torch's ops make five.
+The fast dropout mask (`train.compiled_masks`): one pass over the input where torch's ops make five, and its random
+bits drawn from torch's own generator, the same draws, tempered on every thread where torch's kernel runs on one.
 
 Under bf16 autocast, `adapter.FastDropout` compares 16-bit random lanes with its threshold, casts the 1-byte mask to
 fp32, multiplies by the input and by the scale, and the LoRA A matmul's autocast then casts the dropped input to bf16:
@@ -151,6 +152,62 @@ def _sum_grad(grad, scale, frozen, lora):
         lora[i] = _bf16(_f32(g) * s)
 
 
+# torch's default CPU generator: a Mersenne Twister (mt19937, as at::mt19937 runs it), its state as get_rng_state lays
+# it out: the words left to read + 1 (an int32 at byte 8), the next word's index (a uint64 at 16), 624 words (uint64s)
+_N, _M, _STATE_BYTES = 624, 397, 5056
+_LEFT, _NEXT, _WORDS = slice(8, 12), slice(16, 24), slice(24, 24 + 624 * 8)
+
+
+@numba.njit(inline="always")
+def _twisted(u, v):
+    y = (u & np.uint32(0x80000000)) | (v & np.uint32(0x7FFFFFFF))
+    return (y >> np.uint32(1)) ^ (np.uint32(0x9908B0DF) * (y & np.uint32(1)))
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _twist(mt):
+    """The next 624 words of the generator, in place (two loops, so that each vectorizes)."""
+    for k in range(_N - _M):
+        mt[k] = mt[k + _M] ^ _twisted(mt[k], mt[k + 1])
+    for k in range(_N - _M, _N - 1):
+        mt[k] = mt[k + _M - _N] ^ _twisted(mt[k], mt[k + 1])
+    mt[_N - 1] = mt[_M - 1] ^ _twisted(mt[_N - 1], mt[0])
+
+
+@numba.njit(inline="always")
+def _temper(y):
+    y ^= y >> np.uint32(11)
+    y ^= (y << np.uint32(7)) & np.uint32(0x9D2C5680)
+    y ^= (y << np.uint32(15)) & np.uint32(0xEFC60000)
+    return y ^ (y >> np.uint32(18))
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _words(mt, left, nxt, out):
+    """The generator's next out.size raw words, twisting as it would; returns its new (left, next). One thread: each
+    block of 624 follows from the one before (explicit loops: a slice copy would start threads at every block)."""
+    i = 0
+    while i < out.size:
+        if left == 1:
+            _twist(mt)
+            left, nxt = _N + 1, 0
+        take = min(left - 1, out.size - i)
+        for k in range(take):
+            out[i + k] = mt[nxt + k]
+        i, nxt, left = i + take, nxt + take, left - take
+    return left, nxt
+
+
+@numba.njit(**_JIT)
+def _draws64(out):
+    """Raw word pairs, as _words left them (the first the low half of a little-endian uint64), into 64-bit draws:
+    both tempered, the first the high half."""
+    for j in prange(out.size):
+        v = out[j]
+        first, second = np.uint32(v & np.uint64(0xFFFFFFFF)), np.uint32(v >> np.uint64(32))
+        out[j] = (np.uint64(_temper(first)) << np.uint64(32)) | np.uint64(_temper(second))
+
+
 def _flat(t: torch.Tensor) -> np.ndarray:
     """A contiguous CPU tensor's flat numpy view (bf16 as the uint16 of its bits)."""
     t = t.detach().reshape(-1)
@@ -185,6 +242,26 @@ def lora_sum_grad(grad: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch
     return frozen, lora
 
 
+def random_bits(n: int) -> torch.Tensor:
+    """n int64s from torch's default CPU generator, the very draws of `torch.empty(n, dtype=torch.int64).random_(
+    -2**63, None)`, the generator left where that leaves it: torch's kernel draws them one by one on one thread by
+    design; here the words are copied out as the generator makes them and tempered on every thread. A state laid out
+    otherwise than this torch's lays it out is left to torch's kernel."""
+    state = torch.get_rng_state()
+    if state.numel() != _STATE_BYTES:
+        return torch.empty(n, dtype=torch.int64).random_(-2**63, None)
+    s = state.numpy()
+    mt = s[_WORDS].view(np.uint64).astype(np.uint32)
+    out = torch.empty(n, dtype=torch.int64)
+    draws = _flat(out).view(np.uint64)
+    left, nxt = _words(mt, int(s[_LEFT].view(np.int32)[0]), int(s[_NEXT].view(np.uint64)[0]), draws.view(np.uint32))
+    _draws64(draws)
+    s[_LEFT], s[_NEXT] = np.array([left], np.int32).view(np.uint8), np.array([nxt], np.uint64).view(np.uint8)
+    s[_WORDS] = mt.astype(np.uint64).view(np.uint8)
+    torch.set_rng_state(state)
+    return out
+
+
 def warm() -> None:
     """Compile every loop (or load numba's cached build) now, not inside a step, on as many threads as torch uses.
     numba's OpenMP start-up sets the process's OpenMP thread count, torch's own included (the two share one libgomp
@@ -198,6 +275,10 @@ def warm() -> None:
         out = torch.empty(64, dtype=dtype)
         drop(x, lanes, 0, 1.0, out, keep)
         undrop(out, keep, 1.0, back)
-        for y in (x, x.to(dtype)):
-            lora_sum(y, 32, out[:32], 1.0, dtype)
+    halves = (x, x.to(torch.bfloat16))
+    for y, h in [(y, h) for y in halves for h in halves]:  # a sum of any two parts to fp32, of bf16 ones to bf16
+        lora_sum(y, 32, h[:32], 1.0, torch.float32)
+    lora_sum(halves[1], 32, halves[1][:32], 1.0, torch.bfloat16)
     lora_sum_grad(x, 1.0)
+    with torch.random.fork_rng():
+        random_bits(1)

@@ -157,7 +157,7 @@ def test_compiled_masks_is_an_execution_switch_outside_the_hash():
     assert record.execution(on)["compiled_masks"] is True and record.execution(off)["compiled_masks"] is False
     _, _, built = build("train.compiled_masks=false", "adapter.dropout=0.1")
     assert not any(getattr(m, "compiled", False) for m in built.model.modules())
-    assert adapter.compile_masks(built.model) == 4 * 7
+    assert len(adapter.compile_masks(built.model)) == 4 * 7
 
 
 def same_bits(a, b):
@@ -242,4 +242,49 @@ def test_compiled_sums_is_an_execution_switch_outside_the_hash():
     assert record.execution(on)["compiled_sums"] is True and record.execution(off)["compiled_sums"] is False
     _, _, built = build("train.compiled_sums=false")
     assert built.model._qft_fused and not any(g.compiled for g in built.model._qft_fused)
-    assert fuse.compile_sums(built.model) == 4 * 4  # q/k/v, o, gate/up, down
+    assert len(fuse.compile_sums(built.model)) == 4 * 4  # q/k/v, o, gate/up, down
+
+
+WARM = """
+import sys
+sys.path.insert(0, "tests")
+import torch
+from qft import kernels
+from test_kernels import run_model
+kernels.warm()
+loops = [getattr(kernels, n) for n in dir(kernels) if hasattr(getattr(kernels, n), "signatures")]
+before = {f.__name__: len(f.signatures) for f in loops}
+for dtype in ("bf16", "fp32"):  # bf16: o_proj's bf16 sum too
+    for attention in ("compute", "fp32"):
+        run_model(f"quant.compute_dtype={dtype}", f"quant.attention_dtype={attention}")
+print(sum(before.values()) > 0, {f.__name__: len(f.signatures) for f in loops} == before)
+"""
+
+
+def test_warm_compiles_every_loop_a_step_calls():
+    """Whatever a training step and an evaluation call, warm has compiled (or loaded): a loop compiled inside the
+    first step would cost that step seconds, and a run's start-up would hide in its training time. A fresh process,
+    so that no earlier test has compiled what warm left out."""
+    out = subprocess.run([sys.executable, "-c", WARM], capture_output=True, text=True, timeout=600,
+                         cwd=Path(__file__).resolve().parent.parent)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "True"]
+
+
+@pytest.mark.parametrize("seed", [0, 5, 2**40 + 3])
+def test_random_bits_are_torchs_draws_and_leave_its_generator_where_torch_does(seed):
+    """Sizes that end a 624-word block exactly, one short, one over, and start it at even and odd words; the state
+    afterwards and the next draws of another kind are torch's."""
+    sizes = [1, 3, 311, 312, 313, 623, 624, 625, 1, 147456, 2]
+    torch.manual_seed(seed)
+    torch.rand(7)  # an odd word offset to start from
+    ref = [torch.empty(n, dtype=torch.int64).random_(-2**63, None) for n in sizes]
+    ref_state, ref_next = torch.get_rng_state(), torch.rand(5)
+    for guard in (kernels._STATE_BYTES, 0):  # 0: a layout it does not know, left to torch's kernel
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(kernels, "_STATE_BYTES", guard)
+            torch.manual_seed(seed)
+            torch.rand(7)
+            got = [kernels.random_bits(n) for n in sizes]
+            assert all(torch.equal(a, b) for a, b in zip(got, ref))
+            assert torch.equal(torch.get_rng_state(), ref_state) and torch.equal(torch.rand(5), ref_next)
