@@ -280,5 +280,5 @@ def warm() -> None:
         lora_sum(y, 32, h[:32], 1.0, torch.float32)
     lora_sum(halves[1], 32, halves[1][:32], 1.0, torch.bfloat16)
     lora_sum_grad(x, 1.0)
-    with torch.random.fork_rng():
+    with torch.random.fork_rng(devices=[]):  # the run's random stream untouched
         random_bits(1)

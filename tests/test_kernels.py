@@ -288,3 +288,10 @@ def test_random_bits_are_torchs_draws_and_leave_its_generator_where_torch_does(s
             got = [kernels.random_bits(n) for n in sizes]
             assert all(torch.equal(a, b) for a, b in zip(got, ref))
             assert torch.equal(torch.get_rng_state(), ref_state) and torch.equal(torch.rand(5), ref_next)
+
+
+def test_warm_leaves_torchs_random_stream_where_it_was():
+    torch.manual_seed(3)
+    before = torch.get_rng_state()
+    kernels.warm()
+    assert torch.equal(torch.get_rng_state(), before)
