@@ -31,6 +31,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd.function import once_differentiable
 
 from qft import layers as L
 from qft import quant
@@ -67,20 +68,23 @@ class _Sum(torch.autograd.Function):
     the next member's, so autograd runs the nodes, and sums the input's gradient, in the same order."""
 
     @staticmethod
-    def forward(ctx, stand_in, h, y, lo, scale, dtype, out_dtype, box):
+    def forward(ctx, stand_in, h, y, lo, scale, frozen_dtype, out_dtype, box):
         from qft import kernels
 
-        ctx.scale, ctx.dtype, ctx.h_dtype, ctx.box = scale, dtype, h.dtype, box
+        ctx.scale, ctx.frozen_dtype, ctx.h_dtype, ctx.box = scale, frozen_dtype, h.dtype, box
         return kernels.lora_sum(y, lo, h, scale, out_dtype)
 
     @staticmethod
+    @once_differentiable  # the loops make no graph: a second derivative raises instead of coming out wrong
     def backward(ctx, grad):
-        if ctx.dtype == ctx.h_dtype == torch.bfloat16 and grad.dtype == torch.float32:
+        if ctx.frozen_dtype == ctx.h_dtype == torch.bfloat16 and grad.dtype == torch.float32:
             from qft import kernels
 
-            ctx.box["grad"], lora = kernels.lora_sum_grad(grad.contiguous(), ctx.scale)
+            frozen, lora = kernels.lora_sum_grad(grad.contiguous(), ctx.scale)
         else:  # an fp32 or a bf16 sum: the same ops as peft's nodes, one pass either way
-            ctx.box["grad"], lora = grad.to(ctx.dtype), grad.to(ctx.h_dtype) * ctx.scale
+            frozen, lora = grad.to(ctx.frozen_dtype), grad.to(ctx.h_dtype) * ctx.scale
+        if ctx.needs_input_grad[0]:  # else the input needs no gradient and the member's node never runs to take it
+            ctx.box["grad"] = frozen
         return grad.new_empty(0), lora, None, None, None, None, None, None
 
 

@@ -23,6 +23,8 @@ Compiled once per machine (numba's on-disk cache), run on as many threads as tor
 
 from __future__ import annotations
 
+import threading
+
 import numba
 import numpy as np
 import torch
@@ -62,7 +64,8 @@ def _bf16(v):
 
 
 def _f32(v):
-    """A value as fp32: a bf16's bits (uint16) widened exactly, an fp32 as it is."""
+    """A value as fp32: a bf16's bits (uint16: `_flat` is the only maker of the loops' integer views of floats)
+    widened exactly, an fp32 as it is."""
 
 
 @overload(_f32, inline="always")
@@ -117,29 +120,28 @@ def _undrop_bf16(grad, keep, scale, out):
         out[i] = (np.float32(keep[i]) * _float(np.uint32(grad[i]) << np.uint32(16))) * s
 
 
+def _stored(v, out):
+    """An fp32 value as `out` holds it: fp32, or rounded to bf16 bits."""
+
+
+@overload(_stored, inline="always")
+def _stored_typed(v, out):
+    if out.dtype == types.uint16:
+        return lambda v, out: _bf16(v)
+    return lambda v, out: v
+
+
 @numba.njit(**_JIT)
 def _sum(y, width, lo, h, scale, out):
-    """out = y[:, lo:lo+n] + h * scale, by rows of n: y the frozen output, rows of `width` (bf16 bits or fp32), h the
-    LoRA output (bf16 bits or fp32), the product in h's dtype, the sum in fp32; all flat."""
+    """out = y[:, lo:lo+n] + h * scale, by rows of n: y the frozen output, rows of `width`, h the LoRA output, the
+    product in h's dtype, the sum in fp32, stored as out holds it; all flat, bf16 as its bits (uint16)."""
     s = np.float32(scale)
     rows = y.size // width
     n = h.size // rows
     for r in prange(rows):
         yr, hr, o = y[r * width + lo:r * width + lo + n], h[r * n:(r + 1) * n], out[r * n:(r + 1) * n]
         for c in range(n):  # a row's own slices: LLVM vectorizes this loop, not one indexed from the flat arrays
-            o[c] = _f32(yr[c]) + _scaled(hr[c], s)
-
-
-@numba.njit(**_JIT)
-def _sum_bf16(y, width, lo, h, scale, out):
-    """The same, the sum rounded to bf16 (out holds its bits): a bf16 input's projection."""
-    s = np.float32(scale)
-    rows = y.size // width
-    n = h.size // rows
-    for r in prange(rows):
-        yr, hr, o = y[r * width + lo:r * width + lo + n], h[r * n:(r + 1) * n], out[r * n:(r + 1) * n]
-        for c in range(n):
-            o[c] = _bf16(_f32(yr[c]) + _scaled(hr[c], s))
+            o[c] = _stored(_f32(yr[c]) + _scaled(hr[c], s), o)
 
 
 @numba.njit(**_JIT)
@@ -230,7 +232,8 @@ def lora_sum(y: torch.Tensor, lo: int, h: torch.Tensor, scale: float, dtype: tor
     """y[..., lo:lo + n] + (h * scale in h's dtype), summed in fp32, in `dtype` (fp32, or bf16 rounded): y the frozen
     output of a group (contiguous), h the LoRA output of one member (contiguous, n wide); each bf16 or fp32."""
     out = torch.empty(h.shape, dtype=dtype)
-    (_sum_bf16 if dtype == torch.bfloat16 else _sum)(_flat(y), y.shape[-1], lo, _flat(h), scale, _flat(out))
+    if out.numel():
+        _sum(_flat(y), y.shape[-1], lo, _flat(h), scale, _flat(out))
     return out
 
 
@@ -245,10 +248,12 @@ def lora_sum_grad(grad: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch
 def random_bits(n: int) -> torch.Tensor:
     """n int64s from torch's default CPU generator, the very draws of `torch.empty(n, dtype=torch.int64).random_(
     -2**63, None)`, the generator left where that leaves it: torch's kernel draws them one by one on one thread by
-    design; here the words are copied out as the generator makes them and tempered on every thread. A state laid out
-    otherwise than this torch's lays it out is left to torch's kernel."""
+    design; here the words are copied out as the generator makes them and tempered on every thread. Reading the
+    state and writing it back is not atomic as torch's kernel is (it holds the generator's lock): off the main thread
+    (a sweep's jobs run as threads share one generator) torch's kernel draws, as it does for a state laid out
+    otherwise than this torch's lays it out."""
     state = torch.get_rng_state()
-    if state.numel() != _STATE_BYTES:
+    if state.numel() != _STATE_BYTES or threading.current_thread() is not threading.main_thread():
         return torch.empty(n, dtype=torch.int64).random_(-2**63, None)
     s = state.numpy()
     mt = s[_WORDS].view(np.uint64).astype(np.uint32)

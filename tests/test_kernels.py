@@ -179,6 +179,8 @@ def test_compiled_sum_gives_the_bits_of_pefts_sum(y_dtype, h_dtype, dtype, scale
     for lo in (0, 17, 56):
         ref = y[..., lo:lo + 40].to(dtype) + h * scale  # peft: result + lora_B(...) * scaling, result in x's dtype
         assert same_bits(kernels.lora_sum(y, lo, h, scale, dtype), ref)
+    empty = kernels.lora_sum(y[:0], 0, h[:0], scale, dtype)  # no rows: torch's empty result
+    assert empty.shape == (0, 7, 40) and empty.dtype == dtype
 
 
 @pytest.mark.parametrize("scale", [2.0, 16 / 8 ** 0.5, 0.3, 1e-30])
@@ -295,3 +297,36 @@ def test_warm_leaves_torchs_random_stream_where_it_was():
     before = torch.get_rng_state()
     kernels.warm()
     assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_random_bits_leave_draws_off_the_main_thread_to_torchs_kernel():
+    """Reading the generator's state and writing it back is not atomic: in a thread (a sweep's jobs run as threads
+    share one generator) torch's kernel, which holds the generator's lock, draws."""
+    import threading
+
+    got = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(kernels, "_words", None)  # the compiled draw would fail
+        torch.manual_seed(0)
+        worker = threading.Thread(target=lambda: got.append(kernels.random_bits(1000)))
+        worker.start()
+        worker.join()
+    torch.manual_seed(0)
+    assert len(got) == 1 and torch.equal(got[0], torch.empty(1000, dtype=torch.int64).random_(-2**63, None))
+
+
+def test_compiled_sums_hold_no_gradient_past_backward():
+    """A member whose input needs no gradient (layer 0's q/k/v read the embedding) never takes the frozen gradient
+    the sum's backward would hand it: the sum keeps none (it would live as long as the loss)."""
+    boxes = []
+    own = fuse._Sum.forward
+
+    def recording(ctx, *args):
+        boxes.append(args[-1])
+        return own(ctx, *args)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fuse._Sum, "forward", staticmethod(recording))
+        net = model_of("quant.compute_dtype=bf16", "train.compiled_sums=true")
+        loss_and_grads("quant.compute_dtype=bf16", net=net)
+    assert len(boxes) == 4 * 7 and all(box == {} for box in boxes)

@@ -124,10 +124,12 @@ def test_record_is_complete(tmp_path):
         assert key in rec, key
     assert rec["status"] == "ok" and len(rec["loss_curve"]) == 6
     assert set(rec["final_accuracy"]) == {"val", "test"}
-    # the run's own high-water mark: at least what is resident now, at most the high-water mark now (no reset since)
+    # the run's own high-water mark: about what is resident now, at most the high-water mark now (no reset since);
+    # pages first touched after the record was taken (reading it back, the test's own work) may add to what is
+    # resident now: CI met one page more (4 KiB of 2.7 GB)
     status = dict(l.split(":", 1) for l in Path("/proc/self/status").read_text().splitlines() if ":" in l)
     resident, hwm = (int(status[k].split()[0]) * 1024 for k in ("VmRSS", "VmHWM"))
-    assert resident <= rec["memory"]["peak_rss_bytes"] <= hwm
+    assert resident - 64 * 2**20 <= rec["memory"]["peak_rss_bytes"] <= hwm
     assert rec["versions"]["peft"] and rec["versions"]["bitsandbytes"]
     from peft import PeftConfig
     assert PeftConfig.from_pretrained(rec["adapter_dir"]).peft_type == "LORA"
