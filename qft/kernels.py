@@ -86,40 +86,6 @@ def _scaled_typed(v, s):
     return lambda v, s: v * s
 
 
-@numba.njit(**_JIT)
-def _drop(x, lanes, threshold, scale, out, keep):
-    """out = (keep * x) * scale in fp32, keep = lanes >= threshold."""
-    s = np.float32(scale)
-    for i in prange(x.size):
-        keep[i] = lanes[i] >= threshold
-        out[i] = (np.float32(keep[i]) * x[i]) * s
-
-
-@numba.njit(**_JIT)
-def _drop_bf16(x, lanes, threshold, scale, out, keep):
-    """The same, rounded to bf16: out holds its bits (uint16)."""
-    s = np.float32(scale)
-    for i in prange(x.size):
-        keep[i] = lanes[i] >= threshold
-        out[i] = _bf16((np.float32(keep[i]) * x[i]) * s)
-
-
-@numba.njit(**_JIT)
-def _undrop(grad, keep, scale, out):
-    """out = (keep * grad) * scale in fp32."""
-    s = np.float32(scale)
-    for i in prange(grad.size):
-        out[i] = (np.float32(keep[i]) * grad[i]) * s
-
-
-@numba.njit(**_JIT)
-def _undrop_bf16(grad, keep, scale, out):
-    """The same for a bf16 gradient (its bits as uint16), widened to fp32 exactly first."""
-    s = np.float32(scale)
-    for i in prange(grad.size):
-        out[i] = (np.float32(keep[i]) * _float(np.uint32(grad[i]) << np.uint32(16))) * s
-
-
 def _stored(v, out):
     """An fp32 value as `out` holds it: fp32, or rounded to bf16 bits."""
 
@@ -129,6 +95,23 @@ def _stored_typed(v, out):
     if out.dtype == types.uint16:
         return lambda v, out: _bf16(v)
     return lambda v, out: v
+
+
+@numba.njit(**_JIT)
+def _drop(x, lanes, threshold, scale, out, keep):
+    """out = (keep * x) * scale in fp32, stored as out holds it (fp32, or rounded to bf16), keep = lanes >= threshold."""
+    s = np.float32(scale)
+    for i in prange(x.size):
+        keep[i] = lanes[i] >= threshold
+        out[i] = _stored((np.float32(keep[i]) * x[i]) * s, out)
+
+
+@numba.njit(**_JIT)
+def _undrop(grad, keep, scale, out):
+    """out = (keep * grad) * scale in fp32, a bf16 gradient (its bits) widened exactly first."""
+    s = np.float32(scale)
+    for i in prange(grad.size):
+        out[i] = (np.float32(keep[i]) * _f32(grad[i])) * s
 
 
 @numba.njit(**_JIT)
@@ -219,13 +202,12 @@ def _flat(t: torch.Tensor) -> np.ndarray:
 def drop(x: torch.Tensor, lanes: torch.Tensor, threshold: int, scale: float, out: torch.Tensor,
          keep: torch.Tensor) -> None:
     """Fill out ((keep * x) * scale: fp32, or rounded to bf16) and keep (lanes >= threshold); contiguous CPU tensors."""
-    (_drop_bf16 if out.dtype == torch.bfloat16 else _drop)(_flat(x), _flat(lanes), threshold, scale, _flat(out),
-                                                            _flat(keep))
+    _drop(_flat(x), _flat(lanes), threshold, scale, _flat(out), _flat(keep))
 
 
 def undrop(grad: torch.Tensor, keep: torch.Tensor, scale: float, out: torch.Tensor) -> None:
     """Fill out (fp32) with (keep * grad) * scale; grad fp32 or bf16, contiguous CPU tensors."""
-    (_undrop_bf16 if grad.dtype == torch.bfloat16 else _undrop)(_flat(grad), _flat(keep), scale, _flat(out))
+    _undrop(_flat(grad), _flat(keep), scale, _flat(out))
 
 
 def lora_sum(y: torch.Tensor, lo: int, h: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
