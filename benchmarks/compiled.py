@@ -1,9 +1,10 @@
 """A compiled-loop switch on against off, in one process (`--loops masks`: `train.compiled_masks`; `sums`:
-`train.compiled_sums`): steps alternate between the two on the same model, batches and memory state, so the machine's
+`train.compiled_sums`; `rows`, no loop of ours: `train.split_rows`): steps alternate between the two on the same model, batches and memory state, so the machine's
 drift between processes (5-10% on these VMs) falls on both alike.
 
     python benchmarks/compiled.py                                                   # masks; 12 steps each, after 2
     python benchmarks/compiled.py --loops sums quant.attention_dtype=fp32 quant.cache_dequantized=true
+    python benchmarks/compiled.py --loops rows quant.attention_dtype=fp32 quant.cache_dequantized=true
 
 The workload is `speed.py`'s (SmolLM2-135M, BBC News, batch 16 x 64, its lr and dropout); a step is the training
 step of `step_ops.py` (answer loss, backward, clipping, AdamW). The other switch stays as the config sets it. The medians and their ratio go
@@ -30,6 +31,8 @@ NEEDS = {  # what a config needs for the loops to run: the key to name, whether 
               "only fast masks compile: needs adapter.dropout_mask=fast and adapter.dropout > 0"),
     "sums": ("train.fuse_projections", lambda cfg: bool(cfg.train.get("fuse_projections")),
              "the compiled sums run in fused groups: needs train.fuse_projections=true"),
+    "rows": ("train.fuse_projections", lambda cfg: bool(cfg.train.get("fuse_projections")),
+             "the row blocks run in fused groups: needs train.fuse_projections=true"),
 }
 
 
@@ -38,7 +41,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--loops", choices=("masks", "sums"), default="masks", help="which switch alternates")
+    ap.add_argument("--loops", choices=tuple(NEEDS), default="masks", help="which switch alternates")
     ap.add_argument("--pairs", type=int, default=12, help="steps with the loops compiled, and as many without")
     ap.add_argument("--out", default=str(speed.ROOT / "benchmarks" / "results"))
     ap.add_argument("qft_overrides", nargs="*", help="qft overrides, e.g. quant.attention_dtype=fp32")
@@ -54,14 +57,15 @@ def main() -> None:
     if not holds(cfg):
         raise QftError(key, OmegaConf.select(cfg, key), allowed)
     net, step = step_ops.workload(cfg)
-    switched = adapter.compile_masks(net) if a.loops == "masks" else fuse.compile_sums(net)
-    if not switched:
+    switched = {"masks": adapter.compile_masks, "sums": fuse.compile_sums, "rows": fuse.split_rows}[a.loops](net)
+    attr = "split_rows" if a.loops == "rows" else "compiled"
+    if not switched and a.loops != "rows":
         raise QftError(f"train.compiled_{a.loops}", True, "numba is not installed (pip install numba)")
     seconds = {True: [], False: []}
     for i in range(n):
         on = i % 2 == 0
         for m in switched:
-            m.compiled = on
+            setattr(m, attr, on)
         t = time.perf_counter()
         step(i)
         if i >= a.warmup:
@@ -78,7 +82,7 @@ def main() -> None:
     Path(a.out).mkdir(parents=True, exist_ok=True)
     (Path(a.out) / f"{name}.json").write_text(json.dumps(out, indent=1))
     print(f"{out['settings']['cpu']}, {out['settings']['threads']} threads, {out['settings']['compute_dtype']}: "
-          f"a step {med[True]:.3f} s with the {a.loops} compiled, {med[False]:.3f} s with torch's ops "
+          f"a step {med[True]:.3f} s with the {a.loops} on, {med[False]:.3f} s with them off "
           f"(medians of {a.pairs} each): ratio {out['ratio_compiled_over_torch_ops']:.3f}")
 
 

@@ -29,8 +29,8 @@ SCHEMA = 2
 # same loss curve and adapter).
 _NOT_HASHED = {("train", "resume"), ("train", "stop_after_steps"), ("train", "host_allocator"), ("train", "eval_every"),
                ("train", "fuse_projections"), ("train", "compiled_masks"), ("train", "compiled_sums"),
-               ("train", "checkpoint_every"), ("train", "eval_batch_size"), ("train", "zero_shot"), ("experiment",),
-               ("cache_dir",), ("sweep",), ("grid",), ("logger",), ("quant", "cache_dequantized"),
+               ("train", "split_rows"), ("train", "checkpoint_every"), ("train", "eval_batch_size"), ("train", "zero_shot"),
+               ("experiment",), ("cache_dir",), ("sweep",), ("grid",), ("logger",), ("quant", "cache_dequantized"),
                ("quant", "cache_quantized"), ("offload",),
                ("budget", "bits_records")}  # read by python -m qft.budget only, never by a run
 # Keys added after records existed, at the value that meant the behaviour before them: a record's config that
@@ -191,7 +191,8 @@ def execution(cfg) -> dict:
             "cpu_kind": kind, "threads": torch.get_num_threads(), "compute_dtype": cfg.quant.compute_dtype,
             "fuse_projections": bool(cfg.train.get("fuse_projections", False)),
             "compiled_masks": bool(cfg.train.get("compiled_masks", False)),
-            "compiled_sums": bool(cfg.train.get("compiled_sums", False)), "torch": torch.__version__,
+            "compiled_sums": bool(cfg.train.get("compiled_sums", False)),
+            "split_rows": bool(cfg.train.get("split_rows", False)), "torch": torch.__version__,
             "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
 
 

@@ -124,6 +124,8 @@ def build(cfg, source: model.Source, device: torch.device) -> Built:
         fuse.install(net, projections, source.model_type)
         if cfg.train.get("compiled_sums", False) and device.type == "cpu":
             fuse.compile_sums(net)
+        if cfg.train.get("split_rows", False) and device.type == "cpu":
+            fuse.split_rows(net)
     depth_groups = {g: tuple(v["layers"]) for g, v in (cfg.adapter.depth_groups or {}).items()} or None
     return Built(net, projections, bits, plan, adapter.count(plan, projections, depth_groups), base_bytes)
 

@@ -167,3 +167,92 @@ def test_fusion_is_an_execution_setting_recorded_outside_the_hash():
     assert record.config_hash(on) == record.config_hash(off)
     assert record.execution(on)["fuse_projections"] is True
     assert record.execution(off)["fuse_projections"] is False
+
+
+LONG_PROMPTS = [list(range(5 + i, 29 + i)) for i in range(6)]  # 6 x 24 prompt tokens: 150 rows with the answers
+LONG_ANSWERS = [[100 + i, 101 + i] for i in range(6)]
+
+
+def step_of(*overrides):
+    torch.manual_seed(0)
+    _, _, built = build("train.fuse_projections=true", "adapter.dropout=0.1", *overrides)
+    net = built.model
+    spread_lora_b(net)
+    torch.manual_seed(1)
+    cdt = torch.bfloat16 if "quant.compute_dtype=bf16" in overrides else torch.float32
+    loss, _, _ = train.answer_loss(net, LONG_PROMPTS, LONG_ANSWERS, 2, cdt)
+    loss.backward()
+    return net, loss, {k: p.grad.clone() for k, p in net.named_parameters() if p.requires_grad}
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_row_halves_change_no_numbers_in_a_model(monkeypatch, two_threads, dtype):
+    """Every frozen matmul of a training step is offered the halves (as if always faster): each shape whose halves
+    gave the whole's bits runs in halves, and the loss and every gradient keep their bits."""
+    extra = (f"quant.compute_dtype={dtype}", "quant.attention_dtype=fp32")
+    monkeypatch.setattr(fuse, "_HALVES", {})
+    monkeypatch.setattr(fuse, "_faster", lambda *a: True)
+    halves = []
+    monkeypatch.setattr(fuse, "_in_halves", lambda *a, own=fuse._in_halves: halves.append(1) or own(*a))
+    net, loss, grads = step_of("train.split_rows=true", *extra)
+    assert all(g.split_rows for g in net._qft_fused)
+    decided = dict(fuse._HALVES)
+    _, ref_loss, ref_grads = step_of("train.split_rows=false", *extra)
+    assert fuse._HALVES == decided  # the run without the switch decided nothing
+    assert torch.equal(loss, ref_loss)
+    assert all(torch.equal(grads[k], ref_grads[k]) for k in ref_grads)
+    if not any(decided.values()):
+        pytest.skip(f"no shape's halves gave the whole's bits on this machine ({len(decided)} shapes)")
+    assert len(halves) > len(decided)  # beyond each shape's check: the halves ran in the step
+
+
+def test_row_halves_are_refused_for_one_differing_bit(monkeypatch):
+    a, w = torch.randn(64, 32), torch.randn(48, 32)
+    whole = F.linear(a, w)
+    monkeypatch.setattr(fuse, "_faster", lambda *args: pytest.fail("timed halves whose bits differ"))
+    flipped = whole.clone()
+    flipped.view(torch.int32)[5, 7] ^= 1
+    assert fuse._halves_pay(a, w, None, flipped) is False
+    monkeypatch.setattr(fuse, "_faster", lambda *args: True)
+    assert fuse._halves_pay(a, w, None, whole) is True
+    assert torch.equal(fuse._in_halves(a, w, None), whole)  # fp32 rows sum alike at 32 and 64 rows here
+
+
+@pytest.fixture
+def two_threads():
+    """The halves are for matmuls on several threads: a test worker may run on one."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_row_halves_decide_once_per_shape_and_never_in_evaluation(monkeypatch, two_threads):
+    monkeypatch.setattr(fuse, "_HALVES", {})
+    decisions = []
+    monkeypatch.setattr(fuse, "_halves_pay", lambda *a: decisions.append(a[0].shape) or True)
+    a, w, b = torch.randn(2, 16, 32), torch.randn(48, 32), torch.randn(48)
+    first = fuse._linear(a, w, b, True)
+    assert torch.equal(first, F.linear(a, w, b)) and len(decisions) == 1  # the deciding call returns the whole
+    again = fuse._linear(a, w, b, True)
+    assert len(decisions) == 1 and again.shape == first.shape
+    fuse._linear(torch.randn(3, 16, 32), w, b, True)
+    assert len(decisions) == 2  # another shape decides anew
+    fuse._linear(torch.randn(5, 16, 32), w, b, False)
+    assert len(decisions) == 2  # the switch off never decides
+    torch.set_num_threads(1)
+    fuse._linear(torch.randn(7, 16, 32), w, b, True)
+    assert len(decisions) == 2  # nor one thread
+    torch.set_num_threads(2)
+    _, _, built = build("train.fuse_projections=true", "train.split_rows=true")
+    net = built.model
+    net.eval()
+    with torch.no_grad():
+        net(input_ids=torch.tensor([PROMPTS[2]]))
+    assert len(decisions) == 2  # evaluation runs the whole matmuls
+
+
+def test_split_rows_is_an_execution_setting_recorded_outside_the_hash():
+    on, off = make_cfg("train.split_rows=true"), make_cfg("train.split_rows=false")
+    assert record.config_hash(on) == record.config_hash(off)
+    assert record.execution(on)["split_rows"] is True and record.execution(off)["split_rows"] is False
