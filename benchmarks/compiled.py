@@ -1,14 +1,15 @@
-"""A compiled-loop switch on against off, in one process (`--loops masks`: `train.compiled_masks`; `sums`:
-`train.compiled_sums`; `rows`, no loop of ours: `train.split_rows`): steps alternate between the two on the same model, batches and memory state, so the machine's
-drift between processes (5-10% on these VMs) falls on both alike.
+"""An execution switch on against off, in one process (`--loops masks`: `train.compiled_masks`; `sums`:
+`train.compiled_sums`; `rows`: `train.split_rows`, no compiled loop): steps alternate between the two on the same
+model, batches and memory state, so the machine's drift between processes (5-10% on these VMs) falls on both alike.
 
     python benchmarks/compiled.py                                                   # masks; 12 steps each, after 2
     python benchmarks/compiled.py --loops sums quant.attention_dtype=fp32 quant.cache_dequantized=true
     python benchmarks/compiled.py --loops rows quant.attention_dtype=fp32 quant.cache_dequantized=true
 
 The workload is `speed.py`'s (SmolLM2-135M, BBC News, batch 16 x 64, its lr and dropout); a step is the training
-step of `step_ops.py` (answer loss, backward, clipping, AdamW). The other switch stays as the config sets it. The medians and their ratio go
-to benchmarks/results/compiled_{loops}-seq{N}[-overrides]-{cpu kind}.json.
+step of `step_ops.py` (answer loss, backward, clipping, AdamW). The other switches stay as the config sets them. The
+medians and their ratio go to benchmarks/results/compiled_{loops}-seq{N}[-overrides]-{cpu kind}.json (its keys
+`compiled` and `torch_ops` name the switch on and off, for every switch).
 """
 
 from __future__ import annotations
@@ -26,13 +27,20 @@ import speed
 import step_ops
 
 
-NEEDS = {  # what a config needs for the loops to run: the key to name, whether it holds, what is allowed
+def _fused(cfg) -> bool:
+    return bool(cfg.train.get("fuse_projections"))
+
+
+# what a config needs for the switch to act (the key to name, whether it holds, what is allowed), and the objects'
+# flag: masks and sums are numba loops, none where numba is not installed
+NEEDS = {
     "masks": ("adapter.dropout_mask", lambda cfg: cfg.adapter.get("dropout_mask") == "fast" and cfg.adapter.dropout > 0,
-              "only fast masks compile: needs adapter.dropout_mask=fast and adapter.dropout > 0"),
-    "sums": ("train.fuse_projections", lambda cfg: bool(cfg.train.get("fuse_projections")),
-             "the compiled sums run in fused groups: needs train.fuse_projections=true"),
-    "rows": ("train.fuse_projections", lambda cfg: bool(cfg.train.get("fuse_projections")),
-             "the row blocks run in fused groups: needs train.fuse_projections=true"),
+              "only fast masks compile: needs adapter.dropout_mask=fast and adapter.dropout > 0",
+              "compiled"),
+    "sums": ("train.fuse_projections", _fused,
+             "the compiled sums run in fused groups: needs train.fuse_projections=true", "compiled"),
+    "rows": ("train.fuse_projections", _fused,
+             "the row blocks run in fused groups: needs train.fuse_projections=true", "split_rows"),
 }
 
 
@@ -53,13 +61,12 @@ def main() -> None:
 
     n = a.warmup + 2 * a.pairs
     cfg = step_ops.compose(a.batch, a.seq, n, a.qft_overrides)
-    key, holds, allowed = NEEDS[a.loops]
+    key, holds, allowed, attr = NEEDS[a.loops]
     if not holds(cfg):
         raise QftError(key, OmegaConf.select(cfg, key), allowed)
     net, step = step_ops.workload(cfg)
     switched = {"masks": adapter.compile_masks, "sums": fuse.compile_sums, "rows": fuse.split_rows}[a.loops](net)
-    attr = "split_rows" if a.loops == "rows" else "compiled"
-    if not switched and a.loops != "rows":
+    if not switched and attr == "compiled":
         raise QftError(f"train.compiled_{a.loops}", True, "numba is not installed (pip install numba)")
     seconds = {True: [], False: []}
     for i in range(n):

@@ -50,10 +50,10 @@ class _Member(torch.autograd.Function):
     matmul left it, and hands this node its gradient already cast, through the box."""
 
     @staticmethod
-    def forward(ctx, x, group, i, box=None, rows=False):
-        ctx.group, ctx.i, ctx.x_dtype, ctx.box, ctx.rows = group, i, x.dtype, box, rows
+    def forward(ctx, x, group, i, box=None, split=False):
+        ctx.group, ctx.i, ctx.x_dtype, ctx.box, ctx.split = group, i, x.dtype, box, split
         lo, hi = group.slices[i]
-        y = group.shared(x, "base", lambda: group.frozen(x, rows))
+        y = group.shared(x, "base", lambda: group.frozen(x, split))
         if box is not None:
             return x.new_empty(0)
         return y[..., lo:hi].to(x.dtype if group.cast_back else y.dtype, memory_format=torch.contiguous_format,
@@ -63,7 +63,7 @@ class _Member(torch.autograd.Function):
     def backward(ctx, grad):
         g = grad.to(ctx.group.dtype) if ctx.box is None else ctx.box.pop("grad")
         w = ctx.group.member_weight(ctx.i).to(g.dtype)
-        return _linear(g, w.t(), None, ctx.rows).to(ctx.x_dtype), None, None, None, None
+        return _linear(g, w.t(), None, ctx.split).to(ctx.x_dtype), None, None, None, None
 
 
 class _Sum(torch.autograd.Function):
@@ -145,9 +145,10 @@ class Group:
             return self.storage
         return torch.cat([k.fused_weight(b, self.dtype) for k, b in zip(self.backends, self.bases)])
 
-    def frozen(self, x: torch.Tensor, rows: bool = False) -> torch.Tensor:
-        """Every member's frozen output side by side: one cast of the input, one matmul."""
-        return _linear(x.to(self.dtype), self.weight(), self.bias, rows)
+    def frozen(self, x: torch.Tensor, split: bool = False) -> torch.Tensor:
+        """Every member's frozen output side by side: one cast of the input, one matmul (in two blocks of rows where
+        `split` allows and that pays)."""
+        return _linear(x.to(self.dtype), self.weight(), self.bias, split)
 
     def member_weight(self, i: int) -> torch.Tensor:
         """What member i's own backward multiplies by: its stored weight, or its weight as its own backward
@@ -206,15 +207,15 @@ class Group:
     def run(self, i: int, x: torch.Tensor) -> torch.Tensor:
         """Member i's output: its slice of the group's frozen matmul, plus its LoRA as peft computes it."""
         m = self.members[i]
-        rows = self.split_rows and torch.is_grad_enabled()  # a training step's shapes, not evaluation's many
+        split = self.split_rows and torch.is_grad_enabled()  # training; evaluation has a shape per batch
         if not hasattr(m, "lora_A"):
-            return _Member.apply(x, self, i, None, rows)
+            return _Member.apply(x, self, i, None, split)
         a, b = m.lora_A["default"], m.lora_B["default"]
         autocast = torch.is_autocast_enabled(x.device.type)
         h_dtype = torch.get_autocast_dtype(x.device.type) if autocast else b.weight.dtype
         out_dtype = x.dtype if self.cast_back else self.dtype  # peft's result dtype, and so its sum's
         box = {} if self.compiled and self._summable(x, h_dtype, out_dtype) else None
-        result = _Member.apply(x, self, i, box, rows)
+        result = _Member.apply(x, self, i, box, split)
         middle = a(m.lora_dropout["default"](m._cast_input_dtype(x, a.weight.dtype)))
         h = b(middle)
         if box is not None:
@@ -235,28 +236,28 @@ class Group:
                                            or parts == {out_dtype} == {torch.bfloat16})
 
 
-_HALVES: dict[tuple, bool] = {}  # per operands' shapes, strides, dtypes and thread count: two blocks of rows pay
+_HALVES: dict[tuple, bool | None] = {}  # per shape: None seen once, then whether two blocks of rows pay
 
 
-def _linear(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, rows: bool) -> torch.Tensor:
-    """F.linear(a, w, bias); with `rows` (`train.split_rows`, CPU), as two blocks of a's rows where that gives the same
-    bits and is faster. oneDNN runs some bf16 matmuls on one thread: on an AMX Xeon 1,024 rows into 512-768 columns
-    (the down and o projections forward, the gate, up, q and o backward) took 1.37 ms on two threads as on one, each
-    half of the rows 0.40 ms on two. Decided once per shape, at its first call, on that call's own operands: the halves
-    are kept only where their bits equal the whole's and they ran faster (a matmul's bits do not depend on its data's
-    values, only on the kernel and its order of summation, which the row count may change: here 256 rows summed
-    otherwise than 1,024). Numbers never change; the time a shape's first call spends deciding, about six matmuls, is
-    why evaluation, with a shape per batch, does not split."""
-    if not rows or a.device.type != "cpu" or a.dim() < 2 or not a.is_contiguous() or a.shape[-1] == 0 \
-            or a.numel() // a.shape[-1] < 2 or torch.get_num_threads() < 2 or a.dtype != w.dtype:
+def _linear(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, split: bool) -> torch.Tensor:
+    """F.linear(a, w, bias); with `split` (`train.split_rows`, CPU), as two blocks of a's rows where that gives the
+    same bits and is faster: oneDNN runs some bf16 matmuls on one thread, and each half on every thread
+    (benchmarks/README.md). Decided at a shape's second call, so that a one-off shape (a short batch) costs nothing."""
+    cpu = a.device.type
+    if not split or cpu != "cpu" or a.dim() < 2 or not a.is_contiguous() or a.shape[-1] == 0 \
+            or a.numel() // a.shape[-1] < 2 or torch.get_num_threads() < 2 or a.dtype != w.dtype \
+            or torch.is_grad_enabled() and (a.requires_grad or w.requires_grad) \
+            or torch.is_autocast_enabled(cpu) and torch.get_autocast_dtype(cpu) != a.dtype:
         return F.linear(a, w, bias)
     key = (tuple(a.shape), a.dtype, tuple(w.shape), w.stride(), bias is not None, torch.get_num_threads())
-    halves = _HALVES.get(key)
-    if halves is None:
+    if key not in _HALVES:
+        _HALVES[key] = None
+        return F.linear(a, w, bias)
+    if _HALVES[key] is None:
         whole = F.linear(a, w, bias)
         _HALVES[key] = _halves_pay(a, w, bias, whole)
         return whole
-    return _in_halves(a, w, bias) if halves else F.linear(a, w, bias)
+    return _in_halves(a, w, bias) if _HALVES[key] else F.linear(a, w, bias)
 
 
 def _in_halves(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -271,15 +272,21 @@ def _in_halves(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> t
     return out.view(*a.shape[:-1], w.shape[0])
 
 
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+def _same_bits(x: torch.Tensor, y: torch.Tensor) -> bool:
+    as_int = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    return x.dtype == y.dtype and x.shape == y.shape and torch.equal(x.view(as_int[x.element_size()]),
+                                                                     y.view(as_int[y.element_size()]))
 
 
 def _halves_pay(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, whole: torch.Tensor) -> bool:
-    """Whether two blocks of rows give whole's very bits, and then whether they are faster."""
-    split = _in_halves(a, w, bias)
-    same = split.dtype == whole.dtype and split.shape == whole.shape and torch.equal(_bits(split), _bits(whole))
-    return same and _faster(a, w, bias)
+    """Whether two blocks of rows give the whole's very bits, on the call's own operands and on operands whose
+    partial sums cancel (values spread over 2^-12..2^12: another order of summation then shows in most outputs, where
+    in bf16 from plain operands it may round away), and then whether they are faster."""
+    g = torch.Generator().manual_seed(0)
+    spread = [torch.randn(t.shape, generator=g).mul_(torch.randint(-12, 13, t.shape, generator=g).exp2()).to(t.dtype)
+              for t in (a, w)]
+    return (_same_bits(_in_halves(a, w, bias), whole)
+            and _same_bits(_in_halves(*spread, bias), F.linear(*spread, bias)) and _faster(a, w, bias))
 
 
 def _faster(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> bool:
@@ -287,8 +294,9 @@ def _faster(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> bool
     best = {False: float("inf"), True: float("inf")}
     for _ in range(3):
         for halves in (False, True):
+            run = _in_halves if halves else F.linear
             t = time.perf_counter()
-            _in_halves(a, w, bias) if halves else F.linear(a, w, bias)
+            run(a, w, bias)
             best[halves] = min(best[halves], time.perf_counter() - t)
     return best[True] < 0.9 * best[False]
 

@@ -29,9 +29,9 @@ SCHEMA = 2
 # same loss curve and adapter).
 _NOT_HASHED = {("train", "resume"), ("train", "stop_after_steps"), ("train", "host_allocator"), ("train", "eval_every"),
                ("train", "fuse_projections"), ("train", "compiled_masks"), ("train", "compiled_sums"),
-               ("train", "split_rows"), ("train", "checkpoint_every"), ("train", "eval_batch_size"), ("train", "zero_shot"),
-               ("experiment",), ("cache_dir",), ("sweep",), ("grid",), ("logger",), ("quant", "cache_dequantized"),
-               ("quant", "cache_quantized"), ("offload",),
+               ("train", "split_rows"), ("train", "checkpoint_every"), ("train", "eval_batch_size"),
+               ("train", "zero_shot"), ("experiment",), ("cache_dir",), ("sweep",), ("grid",), ("logger",),
+               ("quant", "cache_dequantized"), ("quant", "cache_quantized"), ("offload",),
                ("budget", "bits_records")}  # read by python -m qft.budget only, never by a run
 # Keys added after records existed, at the value that meant the behaviour before them: a record's config that
 # lacks one is hashed with it, so the report still pools such records with newer ones of the same computation.

@@ -1,5 +1,8 @@
 """Fused projections (qft.fuse) compute what the unfused model computes, with peft's own modules in place."""
 
+import collections
+import time
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -12,7 +15,7 @@ PROMPTS = [[5, 6, 7, 8, 9], [11, 12, 13], [20, 21, 22, 23, 24, 25, 26]]
 ANSWERS = [[100], [200, 201, 202], [300, 301]]
 
 
-def outputs(fused, dtype, *overrides, checkpointing=False):
+def outputs(fused, dtype, *overrides, checkpointing=False, prompts=PROMPTS, answers=ANSWERS):
     torch.manual_seed(0)
     _, _, built = build(f"train.fuse_projections={fused}", f"quant.compute_dtype={dtype}", "adapter.dropout=0.1",
                         *overrides)
@@ -22,7 +25,7 @@ def outputs(fused, dtype, *overrides, checkpointing=False):
     spread_lora_b(net)
     torch.manual_seed(1)  # the dropout masks: the same stream, drawn in the same order
     cdt = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
-    loss, _, _ = train.answer_loss(net, PROMPTS, ANSWERS, 2, cdt)
+    loss, _, _ = train.answer_loss(net, prompts, answers, 2, cdt)
     loss.backward()
     grads = {k: p.grad.clone() for k, p in net.named_parameters() if p.requires_grad}
     net.eval()
@@ -45,7 +48,7 @@ def width_invariant(built, cdt) -> bool:
     return True
 
 
-def per_member(group, x):
+def per_member(group, x, split=False):
     """The group's frozen outputs as each member's own matmul makes them, side by side: what fusion promises."""
     w, xb = group.weight(), x.to(group.dtype)
     return torch.cat([F.linear(xb, w[lo:hi], None if group.bias is None else group.bias[lo:hi])
@@ -169,53 +172,8 @@ def test_fusion_is_an_execution_setting_recorded_outside_the_hash():
     assert record.execution(off)["fuse_projections"] is False
 
 
-LONG_PROMPTS = [list(range(5 + i, 29 + i)) for i in range(6)]  # 6 x 24 prompt tokens: 150 rows with the answers
+LONG_PROMPTS = [list(range(5 + i, 29 + i)) for i in range(6)]  # 6 x (24 + 2) = 156 rows in a step's matmuls
 LONG_ANSWERS = [[100 + i, 101 + i] for i in range(6)]
-
-
-def step_of(*overrides):
-    torch.manual_seed(0)
-    _, _, built = build("train.fuse_projections=true", "adapter.dropout=0.1", *overrides)
-    net = built.model
-    spread_lora_b(net)
-    torch.manual_seed(1)
-    cdt = torch.bfloat16 if "quant.compute_dtype=bf16" in overrides else torch.float32
-    loss, _, _ = train.answer_loss(net, LONG_PROMPTS, LONG_ANSWERS, 2, cdt)
-    loss.backward()
-    return net, loss, {k: p.grad.clone() for k, p in net.named_parameters() if p.requires_grad}
-
-
-@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
-def test_row_halves_change_no_numbers_in_a_model(monkeypatch, two_threads, dtype):
-    """Every frozen matmul of a training step is offered the halves (as if always faster): each shape whose halves
-    gave the whole's bits runs in halves, and the loss and every gradient keep their bits."""
-    extra = (f"quant.compute_dtype={dtype}", "quant.attention_dtype=fp32")
-    monkeypatch.setattr(fuse, "_HALVES", {})
-    monkeypatch.setattr(fuse, "_faster", lambda *a: True)
-    halves = []
-    monkeypatch.setattr(fuse, "_in_halves", lambda *a, own=fuse._in_halves: halves.append(1) or own(*a))
-    net, loss, grads = step_of("train.split_rows=true", *extra)
-    assert all(g.split_rows for g in net._qft_fused)
-    decided = dict(fuse._HALVES)
-    _, ref_loss, ref_grads = step_of("train.split_rows=false", *extra)
-    assert fuse._HALVES == decided  # the run without the switch decided nothing
-    assert torch.equal(loss, ref_loss)
-    assert all(torch.equal(grads[k], ref_grads[k]) for k in ref_grads)
-    if not any(decided.values()):
-        pytest.skip(f"no shape's halves gave the whole's bits on this machine ({len(decided)} shapes)")
-    assert len(halves) > len(decided)  # beyond each shape's check: the halves ran in the step
-
-
-def test_row_halves_are_refused_for_one_differing_bit(monkeypatch):
-    a, w = torch.randn(64, 32), torch.randn(48, 32)
-    whole = F.linear(a, w)
-    monkeypatch.setattr(fuse, "_faster", lambda *args: pytest.fail("timed halves whose bits differ"))
-    flipped = whole.clone()
-    flipped.view(torch.int32)[5, 7] ^= 1
-    assert fuse._halves_pay(a, w, None, flipped) is False
-    monkeypatch.setattr(fuse, "_faster", lambda *args: True)
-    assert fuse._halves_pay(a, w, None, whole) is True
-    assert torch.equal(fuse._in_halves(a, w, None), whole)  # fp32 rows sum alike at 32 and 64 rows here
 
 
 @pytest.fixture
@@ -227,29 +185,93 @@ def two_threads():
     torch.set_num_threads(threads)
 
 
-def test_row_halves_decide_once_per_shape_and_never_in_evaluation(monkeypatch, two_threads):
+@pytest.mark.parametrize("dtype,checkpointing", [("bf16", False), ("fp32", False), ("bf16", True)])
+def test_row_halves_change_no_numbers_in_a_model(monkeypatch, two_threads, dtype, checkpointing):
+    """Every frozen matmul of a training step, forward and backward, is offered the halves (as if always faster):
+    each shape whose halves gave the whole's bits runs in halves, and the loss and every gradient keep their bits."""
+    extra = (f"quant.compute_dtype={dtype}", "quant.attention_dtype=fp32")
+    monkeypatch.setattr(fuse, "_HALVES", {})
+    monkeypatch.setattr(fuse, "_faster", lambda *a: True)
+    halves, backward = collections.Counter(), []
+    monkeypatch.setattr(fuse, "_in_halves", lambda *a, own=fuse._in_halves: halves.update([bool(backward)]) or own(*a))
+
+    def member_backward(ctx, grad, own=fuse._Member.backward):
+        backward.append(1)
+        try:
+            return own(ctx, grad)
+        finally:
+            backward.pop()
+    monkeypatch.setattr(fuse._Member, "backward", staticmethod(member_backward))
+    kw = dict(checkpointing=checkpointing, prompts=LONG_PROMPTS, answers=LONG_ANSWERS)
+    built, loss, grads, _ = outputs("true", dtype, "train.split_rows=true", *extra, **kw)  # 4 layers: shapes recur
+    assert all(g.split_rows for g in built.model._qft_fused)
+    decided = dict(fuse._HALVES)
+    _, ref_loss, ref_grads, _ = outputs("true", dtype, "train.split_rows=false", *extra, **kw)
+    assert fuse._HALVES == decided  # the run without the switch decided nothing
+    assert torch.equal(loss, ref_loss)
+    assert all(torch.equal(grads[k], ref_grads[k]) for k in ref_grads)
+    assert any(v is not None for v in decided.values())  # shapes recur across the 4 layers: decided
+    if dtype == "bf16" and not any(decided.values()):
+        pytest.skip(f"no shape's bf16 halves gave the whole's bits on this machine ({len(decided)} shapes)")
+    assert any(decided.values())  # fp32 halves of 78 rows sum as the whole's 156 (MKL and oneDNN alike)
+    assert sum(halves.values()) > 2 * len(decided)  # beyond each shape's two checks: the halves ran in the step
+    if dtype == "fp32":
+        assert halves[False] and halves[True]  # forward and backward matmuls both ran in halves
+
+
+def test_row_halves_are_refused_for_one_differing_bit(monkeypatch):
+    a, w = torch.randn(64, 32), torch.randn(48, 32)
+    halves = fuse._in_halves(a, w, None)
+    monkeypatch.setattr(fuse, "_faster", lambda *args: pytest.fail("timed halves whose bits differ"))
+    flipped = halves.clone()
+    flipped.view(torch.int32)[5, 7] ^= 1
+    assert fuse._halves_pay(a, w, None, flipped) is False
+    for bias in (None, torch.randn(48)):  # mm and addmm into the halves of one output: F.linear's rows
+        whole = F.linear(a, w, bias)
+        assert torch.equal(fuse._in_halves(a, w, bias), whole)
+
+
+def test_row_halves_that_are_not_faster_are_refused(monkeypatch):
+    a, w = torch.randn(64, 32), torch.randn(48, 32)
+    own = fuse._in_halves
+    monkeypatch.setattr(fuse, "_in_halves", lambda *args: time.sleep(0.002) or own(*args))
+    assert fuse._faster(a, w, None) is False
+    monkeypatch.setattr(fuse, "_in_halves", lambda *args: None)  # no work at all: faster than any matmul
+    assert fuse._faster(a, w, None) is True
+
+
+def test_row_halves_decide_at_a_shapes_second_call_and_never_in_evaluation(monkeypatch, two_threads):
     monkeypatch.setattr(fuse, "_HALVES", {})
     decisions = []
     monkeypatch.setattr(fuse, "_halves_pay", lambda *a: decisions.append(a[0].shape) or True)
     a, w, b = torch.randn(2, 16, 32), torch.randn(48, 32), torch.randn(48)
-    first = fuse._linear(a, w, b, True)
-    assert torch.equal(first, F.linear(a, w, b)) and len(decisions) == 1  # the deciding call returns the whole
-    again = fuse._linear(a, w, b, True)
-    assert len(decisions) == 1 and again.shape == first.shape
-    fuse._linear(torch.randn(3, 16, 32), w, b, True)
-    assert len(decisions) == 2  # another shape decides anew
-    fuse._linear(torch.randn(5, 16, 32), w, b, False)
+    whole = F.linear(a, w, b)
+    assert torch.equal(fuse._linear(a, w, b, True), whole) and not decisions  # seen once
+    assert torch.equal(fuse._linear(a, w, b, True), whole) and len(decisions) == 1  # decided, the whole returned
+    assert torch.equal(fuse._linear(a, w, b, True), whole) and len(decisions) == 1  # the halves, the same bits
+    for other in (torch.randn(3, 16, 32), torch.randn(3, 16, 32)):
+        fuse._linear(other, w, b, True)
+    assert len(decisions) == 2  # another shape decides anew, at its second call
+    for _ in range(2):
+        fuse._linear(torch.randn(5, 16, 32), w, b, False)
     assert len(decisions) == 2  # the switch off never decides
     torch.set_num_threads(1)
-    fuse._linear(torch.randn(7, 16, 32), w, b, True)
+    for _ in range(2):
+        fuse._linear(torch.randn(7, 16, 32), w, b, True)
     assert len(decisions) == 2  # nor one thread
     torch.set_num_threads(2)
+    for _ in range(2):
+        fuse._linear(torch.randn(7, 16, 32), w, b, True)
+    assert len(decisions) == 3  # two threads: a key of its own
     _, _, built = build("train.fuse_projections=true", "train.split_rows=true")
-    net = built.model
-    net.eval()
+    net, ids = built.model, torch.tensor([PROMPTS[2]])
     with torch.no_grad():
-        net(input_ids=torch.tensor([PROMPTS[2]]))
-    assert len(decisions) == 2  # evaluation runs the whole matmuls
+        for _ in range(2):
+            net(input_ids=ids)
+    assert len(decisions) == 3  # evaluation runs the whole matmuls
+    for _ in range(2):
+        net(input_ids=ids)
+    assert len(decisions) > 3  # and training decides
 
 
 def test_split_rows_is_an_execution_setting_recorded_outside_the_hash():
