@@ -157,8 +157,9 @@ def machine() -> dict:
 
     from qft import record
 
+    cpu, kind = record.cpu_kind()
     return {"threads": torch.get_num_threads(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "cpu": cpu_name(), "cpu_kind": record.cpu_kind()[1], "cpu_id": record.cpu_id(),
+            "cpu": cpu, "cpu_kind": kind, "cpu_id": record.cpu_id(),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "isa_caps": {k: os.environ[k] for k in ISA_CAPS if k in os.environ}}
 
@@ -245,13 +246,6 @@ def useful_flops_per_step(a, tokens_per_step: float, answer_tokens_per_step: flo
     attn = 3 * 4 * (a.seq / 2) * d  # QK^T and AV, forward + 2x backward, causal average length
     head = 4 * d * vocab
     return layers * (base + lora + attn) * tokens_per_step + head * answer_tokens_per_step
-
-
-def cpu_name() -> str:
-    try:
-        return next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
-    except (OSError, StopIteration):
-        return "unknown"
 
 
 def main() -> None:

@@ -128,7 +128,7 @@ def main() -> None:
                     help="comma-separated ops to key by operand shapes and dtypes, e.g. aten._to_copy,aten.add")
     ap.add_argument("qft_overrides", nargs="*", help="qft overrides, e.g. quant.compute_dtype=fp32")
     a = ap.parse_args()
-    from qft import model
+    from qft import model, record
 
     n = a.warmup + a.steps
     cfg = compose(a.batch, a.seq, n, a.qft_overrides)
@@ -143,7 +143,7 @@ def main() -> None:
             step(i)
     wall = (time.perf_counter() - t) / a.steps
     in_ops = sum(s for _, s in timer.ops.values()) / a.steps
-    print(f"{speed.cpu_name()}, {torch.get_num_threads()} threads, {torch.backends.cpu.get_cpu_capability()}, "
+    print(f"{record.cpu_kind()[0]}, {torch.get_num_threads()} threads, {torch.backends.cpu.get_cpu_capability()}, "
           f"{model.compute_dtype_name(cfg.quant.compute_dtype)}; {a.steps} steps of batch {a.batch} x {a.seq} "
           f"after {a.warmup}")
     print(f"a step: {wall:.4f} s timed, {in_ops:.4f} s in ops\n")

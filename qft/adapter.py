@@ -243,18 +243,20 @@ def compile_masks(model: nn.Module) -> list:
         from qft import kernels
     except ImportError:  # numba is not installed
         return []
-    masks = [m for m in model.modules() if isinstance(m, FastDropout)]
-    if masks:
-        kernels.warm()
-    for m in masks:
-        m.compiled = True
-    for m in model.modules():  # masks whose dropped input more than one matmul reads hand them fp32
+    masks = []
+    for m in model.modules():
+        if isinstance(m, FastDropout):
+            m.compiled = True
+            masks.append(m)
+        # masks whose dropped input more than one matmul reads hand them fp32
         if isinstance(m, SharedDropout) and isinstance(m.inner, FastDropout):
             m.inner.one_reader = False
         if isinstance(getattr(m, "lora_dropout", None), nn.ModuleDict):  # a variant (DoRA) reads x beside lora_A
             for key, drop in m.lora_dropout.items():
                 if isinstance(drop, FastDropout) and (getattr(m, "lora_variant", None) or {}).get(key):
                     drop.one_reader = False
+    if masks:
+        kernels.warm()
     return masks
 
 
