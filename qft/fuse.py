@@ -360,20 +360,22 @@ def compile_sums(model: nn.Module) -> list[Group]:
         from qft import kernels
     except ImportError:  # numba is not installed
         return []
-    groups = getattr(model, "_qft_fused", [])
+    groups = _switched(model, "compiled")
     if groups:
         kernels.warm()
-    for group in groups:
-        group.compiled = True
     return groups
 
 
 def split_rows(model: nn.Module) -> list[Group]:
     """Let a training step's frozen matmuls run as two blocks of rows where that gives the same bits and is faster
     (`train.split_rows`, `_linear`). Returns the groups."""
+    return _switched(model, "split_rows")
+
+
+def _switched(model: nn.Module, switch: str) -> list[Group]:
     groups = getattr(model, "_qft_fused", [])
     for group in groups:
-        group.split_rows = True
+        setattr(group, switch, True)
     return groups
 
 
