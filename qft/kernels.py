@@ -149,16 +149,6 @@ def _twisted(u, v):
     return (y >> np.uint32(1)) ^ (np.uint32(0x9908B0DF) * (y & np.uint32(1)))
 
 
-@numba.njit(cache=True, nogil=True, boundscheck=False)
-def _twist(mt):
-    """The next 624 words of the generator, in place (two loops, so that each vectorizes)."""
-    for k in range(_N - _M):
-        mt[k] = mt[k + _M] ^ _twisted(mt[k], mt[k + 1])
-    for k in range(_N - _M, _N - 1):
-        mt[k] = mt[k + _M - _N] ^ _twisted(mt[k], mt[k + 1])
-    mt[_N - 1] = mt[_M - 1] ^ _twisted(mt[_N - 1], mt[0])
-
-
 @numba.njit(inline="always")
 def _temper(y):
     y ^= y >> np.uint32(11)
@@ -167,25 +157,43 @@ def _temper(y):
     return y ^ (y >> np.uint32(18))
 
 
+@numba.njit(inline="always")
+def _word(x, j):
+    """The raw word 624 after x[j], from x[j], x[j + 1] and x[j + 397] (indices from 0: no wraparound, vectors)."""
+    return x[j + _M] ^ _twisted(x[j], x[j + 1])
+
+
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def _words(mt, left, nxt, out):
-    """The generator's next out.size raw words, twisting as it would; returns its new (left, next). One thread: each
-    block of 624 follows from the one before (explicit loops: a slice copy would start threads at every block)."""
-    i = 0
-    while i < out.size:
-        if left == 1:
-            _twist(mt)
-            left, nxt = _N + 1, 0
-        take = min(left - 1, out.size - i)
-        for k in range(take):
-            out[i + k] = mt[nxt + k]
-        i, nxt, left = i + take, nxt + take, left - take
-    return left, nxt
+def _stream(mt, start, out):
+    """The generator's raw words X[start:start + out.size] into out, X[0:624] its current block (mt), each later
+    block twisted from the one before; mt becomes the block that holds the last word, as torch's twist leaves it.
+    Each word follows from three at least 227 before it, so one pass over out runs in vectors (no copy of each block
+    through the state, as torch's loop makes)."""
+    w = out.size
+    head = np.empty(2 * _N, np.uint32)  # the current block and the next: all words before X[1248]
+    head[:_N] = mt
+    for j in range(_N):
+        head[j + _N] = _word(head, j)
+    n = min(w, 2 * _N - start)
+    out[:n] = head[start:start + n]
+    x = out[_N - start:]  # X[624:], from which the words from X[1248] on follow
+    for j in range(w + start - 2 * _N):
+        x[j + _N] = _word(x, j)
+    end = start + w
+    block = (end - 1) // _N
+    if block > 1:  # the block before the one that holds the last word drawn, and that block's drawn words, in out
+        drawn = end - block * _N
+        head[:_N + drawn] = out[(block - 1) * _N - start:end - start]
+        for j in range(drawn, _N):
+            head[j + _N] = _word(head, j)
+    if block > 0:
+        mt[:] = head[_N:]
+    return end - block * _N
 
 
 @numba.njit(**_JIT)
 def _draws64(out):
-    """Raw word pairs, as _words left them (the first the low half of a little-endian uint64), into 64-bit draws:
+    """Raw word pairs, as _stream left them (the first the low half of a little-endian uint64), into 64-bit draws:
     both tempered, the first the high half."""
     for j in prange(out.size):
         v = out[j]
@@ -230,20 +238,22 @@ def lora_sum_grad(grad: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch
 def random_bits(n: int) -> torch.Tensor:
     """n int64s from torch's default CPU generator, the very draws of `torch.empty(n, dtype=torch.int64).random_(
     -2**63, None)`, the generator left where that leaves it: torch's kernel draws them one by one on one thread by
-    design; here the words are copied out as the generator makes them and tempered on every thread. Reading the
-    state and writing it back is not atomic as torch's kernel is (it holds the generator's lock): off the main thread
-    (a sweep's jobs run as threads share one generator) torch's kernel draws, as it does for a state laid out
-    otherwise than this torch's lays it out."""
+    design; here the words are made in one pass of vectors and tempered on every thread. Reading the state and
+    writing it back is not atomic as torch's kernel is (it holds the generator's lock): off the main thread (a
+    sweep's jobs run as threads share one generator) torch's kernel draws, as it does for a state laid out otherwise
+    than this torch's lays it out."""
     state = torch.get_rng_state()
-    if state.numel() != _STATE_BYTES or threading.current_thread() is not threading.main_thread():
-        return torch.empty(n, dtype=torch.int64).random_(-2**63, None)
     s = state.numpy()
+    ours = state.numel() == _STATE_BYTES and threading.current_thread() is threading.main_thread()
+    left, nxt = (int(s[_LEFT].view(np.int32)[0]), int(s[_NEXT].view(np.uint64)[0])) if ours else (0, 0)
+    if not ours or (left > 1 and nxt + left != _N + 1):  # the block's remaining words, where torch keeps them
+        return torch.empty(n, dtype=torch.int64).random_(-2**63, None)
     mt = s[_WORDS].view(np.uint64).astype(np.uint32)
     out = torch.empty(n, dtype=torch.int64)
     draws = _flat(out).view(np.uint64)
-    left, nxt = _words(mt, int(s[_LEFT].view(np.int32)[0]), int(s[_NEXT].view(np.uint64)[0]), draws.view(np.uint32))
+    nxt = _stream(mt, _N + 1 - left, draws.view(np.uint32))
     _draws64(draws)
-    s[_LEFT], s[_NEXT] = np.array([left], np.int32).view(np.uint8), np.array([nxt], np.uint64).view(np.uint8)
+    s[_LEFT], s[_NEXT] = np.array([_N + 1 - nxt], np.int32).view(np.uint8), np.array([nxt], np.uint64).view(np.uint8)
     s[_WORDS] = mt.astype(np.uint64).view(np.uint8)
     torch.set_rng_state(state)
     return out

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -277,7 +278,8 @@ def test_warm_compiles_every_loop_a_step_calls():
 def test_random_bits_are_torchs_draws_and_leave_its_generator_where_torch_does(seed):
     """Sizes that end a 624-word block exactly, one short, one over, and start it at even and odd words; the state
     afterwards and the next draws of another kind are torch's."""
-    sizes = [1, 3, 311, 312, 313, 623, 624, 625, 1, 147456, 2]
+    sizes = [1, 3, 311, 312, 313, 623, 624, 625, 1, 147456, 2, 700, 1000, 937, 1249]
+    sizes += np.random.RandomState(seed % 2**32).randint(1, 2000, 40).tolist()  # ends anywhere in a block
     torch.manual_seed(seed)
     torch.rand(7)  # an odd word offset to start from
     ref = [torch.empty(n, dtype=torch.int64).random_(-2**63, None) for n in sizes]
@@ -290,6 +292,20 @@ def test_random_bits_are_torchs_draws_and_leave_its_generator_where_torch_does(s
             got = [kernels.random_bits(n) for n in sizes]
             assert all(torch.equal(a, b) for a, b in zip(got, ref))
             assert torch.equal(torch.get_rng_state(), ref_state) and torch.equal(torch.rand(5), ref_next)
+
+
+def test_random_bits_leave_a_state_torch_would_not_make_to_torchs_kernel():
+    """A position that is not the end of the block's remaining words (torch keeps next + left = 625) draws with
+    torch's kernel, which reads from `next` on."""
+    torch.manual_seed(1)
+    torch.rand(3)
+    state = torch.get_rng_state()
+    state[kernels._NEXT] = torch.tensor([40], dtype=torch.int64).view(torch.uint8)
+    torch.set_rng_state(state)
+    ref = torch.empty(1000, dtype=torch.int64).random_(-2**63, None)
+    ref_state = torch.get_rng_state()
+    torch.set_rng_state(state)
+    assert torch.equal(kernels.random_bits(1000), ref) and torch.equal(torch.get_rng_state(), ref_state)
 
 
 def test_warm_leaves_torchs_random_stream_where_it_was():
@@ -306,7 +322,7 @@ def test_random_bits_leave_draws_off_the_main_thread_to_torchs_kernel():
 
     got = []
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(kernels, "_words", None)  # the compiled draw would fail
+        mp.setattr(kernels, "_stream", None)  # the compiled draw would fail
         torch.manual_seed(0)
         worker = threading.Thread(target=lambda: got.append(kernels.random_bits(1000)))
         worker.start()
