@@ -222,17 +222,23 @@ class FastDropout(nn.Module):
         if not self.training or self.threshold == -32768:
             return x
         n = x.numel()
-        if self.compiled and x.device.type == "cpu":  # the same draws, tempered on every thread
-            from qft import kernels
-
-            bits = kernels.random_bits((n + 3) // 4)
-        else:
-            bits = torch.empty((n + 3) // 4, dtype=torch.int64, device=x.device).random_(-2**63, None)
+        bits = draws((n + 3) // 4, x.device, self.compiled)
         return _MaskedScale.apply(x, bits.view(torch.int16)[:n].view(x.shape), self.threshold, self.scale,
                                   self.compiled, self.one_reader)
 
     def extra_repr(self) -> str:
         return f"p={self.p}, mask=fast" + (", compiled" if self.compiled else "")
+
+
+def draws(n: int, device: torch.device, compiled: bool) -> torch.Tensor:
+    """n raw 64-bit draws from torch's generator for the device; `compiled`: on the CPU the same draws made on every
+    thread (qft.kernels) wherever that can promise them."""
+    bits = None
+    if compiled and device.type == "cpu":
+        from qft import kernels
+
+        bits = kernels.random_bits(n)
+    return torch.empty(n, dtype=torch.int64, device=device).random_(-2**63, None) if bits is None else bits
 
 
 def compile_masks(model: nn.Module) -> list:

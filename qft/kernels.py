@@ -235,19 +235,20 @@ def lora_sum_grad(grad: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch
     return frozen, lora
 
 
-def random_bits(n: int) -> torch.Tensor:
+def random_bits(n: int) -> torch.Tensor | None:
     """n int64s from torch's default CPU generator, the very draws of `torch.empty(n, dtype=torch.int64).random_(
     -2**63, None)`, the generator left where that leaves it: torch's kernel draws them one by one on one thread by
-    design; here the words are made in one pass of vectors and tempered on every thread. Reading the state and
-    writing it back is not atomic as torch's kernel is (it holds the generator's lock): off the main thread (a
-    sweep's jobs run as threads share one generator) torch's kernel draws, as it does for a state laid out otherwise
-    than this torch's lays it out."""
+    design; here the words are made in one pass of vectors and tempered on every thread. None where it cannot
+    promise that, and torch's kernel is to draw: off the main thread, since reading the state and writing it back is
+    not atomic as torch's kernel is (it holds the generator's lock; a sweep's jobs run as threads share one
+    generator), and for a state laid out otherwise than this torch's lays it out."""
     state = torch.get_rng_state()
+    if state.numel() != _STATE_BYTES or threading.current_thread() is not threading.main_thread():
+        return None
     s = state.numpy()
-    ours = state.numel() == _STATE_BYTES and threading.current_thread() is threading.main_thread()
-    left, nxt = (int(s[_LEFT].view(np.int32)[0]), int(s[_NEXT].view(np.uint64)[0])) if ours else (0, 0)
-    if not ours or (left > 1 and nxt + left != _N + 1):  # the block's remaining words, where torch keeps them
-        return torch.empty(n, dtype=torch.int64).random_(-2**63, None)
+    left, nxt = int(s[_LEFT].view(np.int32)[0]), int(s[_NEXT].view(np.uint64)[0])
+    if left > 1 and nxt + left != _N + 1:  # the block's remaining words, where torch keeps them
+        return None
     mt = s[_WORDS].view(np.uint64).astype(np.uint32)
     out = torch.empty(n, dtype=torch.int64)
     draws = _flat(out).view(np.uint64)

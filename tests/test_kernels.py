@@ -284,19 +284,20 @@ def test_random_bits_are_torchs_draws_and_leave_its_generator_where_torch_does(s
     torch.rand(7)  # an odd word offset to start from
     ref = [torch.empty(n, dtype=torch.int64).random_(-2**63, None) for n in sizes]
     ref_state, ref_next = torch.get_rng_state(), torch.rand(5)
-    for guard in (kernels._STATE_BYTES, 0):  # 0: a layout it does not know, left to torch's kernel
+    for guard in (kernels._STATE_BYTES, 0):  # 0: a layout it does not know: None, and the mask's draws are torch's
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(kernels, "_STATE_BYTES", guard)
+            assert (kernels.random_bits(5) is None) == (guard == 0)
             torch.manual_seed(seed)
             torch.rand(7)
-            got = [kernels.random_bits(n) for n in sizes]
+            got = [kernels.random_bits(n) if guard else adapter.draws(n, torch.device("cpu"), True) for n in sizes]
             assert all(torch.equal(a, b) for a, b in zip(got, ref))
             assert torch.equal(torch.get_rng_state(), ref_state) and torch.equal(torch.rand(5), ref_next)
 
 
 def test_random_bits_leave_a_state_torch_would_not_make_to_torchs_kernel():
-    """A position that is not the end of the block's remaining words (torch keeps next + left = 625) draws with
-    torch's kernel, which reads from `next` on."""
+    """A position that is not the end of the block's remaining words (torch keeps next + left = 625): None, and the
+    mask's draws are torch's kernel's, which reads from `next` on."""
     torch.manual_seed(1)
     torch.rand(3)
     state = torch.get_rng_state()
@@ -305,7 +306,9 @@ def test_random_bits_leave_a_state_torch_would_not_make_to_torchs_kernel():
     ref = torch.empty(1000, dtype=torch.int64).random_(-2**63, None)
     ref_state = torch.get_rng_state()
     torch.set_rng_state(state)
-    assert torch.equal(kernels.random_bits(1000), ref) and torch.equal(torch.get_rng_state(), ref_state)
+    assert kernels.random_bits(1000) is None and torch.equal(torch.get_rng_state(), state)
+    assert torch.equal(adapter.draws(1000, torch.device("cpu"), True), ref)
+    assert torch.equal(torch.get_rng_state(), ref_state)
 
 
 def test_warm_leaves_torchs_random_stream_where_it_was():
@@ -324,11 +327,12 @@ def test_random_bits_leave_draws_off_the_main_thread_to_torchs_kernel():
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(kernels, "_stream", None)  # the compiled draw would fail
         torch.manual_seed(0)
-        worker = threading.Thread(target=lambda: got.append(kernels.random_bits(1000)))
+        worker = threading.Thread(target=lambda: got.extend([kernels.random_bits(1000),
+                                                             adapter.draws(1000, torch.device("cpu"), True)]))
         worker.start()
         worker.join()
     torch.manual_seed(0)
-    assert len(got) == 1 and torch.equal(got[0], torch.empty(1000, dtype=torch.int64).random_(-2**63, None))
+    assert got[0] is None and torch.equal(got[1], torch.empty(1000, dtype=torch.int64).random_(-2**63, None))
 
 
 def test_compiled_sums_hold_no_gradient_past_backward():
