@@ -104,7 +104,8 @@ def _finish(diff: float, se: float, df: float, margin: float, method: str, n_see
     q = st.t.ppf(0.5 + level / 2, df)
     p = 2 * st.t.sf(abs(diff) / se, df)
     p_tost = max(st.t.sf((diff + margin) / se, df), st.t.cdf((diff - margin) / se, df))
-    p_beyond = min(1.0, 2 * min(st.t.sf((diff - margin) / se, df), st.t.cdf((diff + margin) / se, df)))
+    # the chance, at a true difference on the margin, of an estimate at least this far from 0 on either side
+    p_beyond = min(1.0, st.t.sf((abs(diff) - margin) / se, df) + st.t.sf((abs(diff) + margin) / se, df))
     return Comparison(diff, se, df, diff - q * se, diff + q * se, p, p_tost, margin, method, n_seeds, n_examples,
                       p_beyond=p_beyond)
 
@@ -226,9 +227,10 @@ def generalized(d: np.ndarray, margin: float, level: float = 0.95) -> tuple[floa
     below = cdf(0.0)
     p = min(1.0, 2 * min(below, 1 - below))
     p_tost = max(cdf(-margin), 1 - cdf(margin))
-    # each side's one-sided test, doubled as p is: conservative, its size at ±margin about alpha/2 once the margin
-    # is several SEs wide (exactly alpha only at margin 0)
-    p_beyond = min(1.0, 2 * min(cdf(margin), 1 - cdf(-margin)))
+    # the chance, at a true difference on the margin (either edge: the pivot is symmetric), of a mean at least this
+    # far from 0 on either side: the most a difference within the margin gives, so the test's size is alpha there
+    far = mean - abs(mean)
+    p_beyond = min(1.0, cdf(far + margin) + cdf(far - margin))
     return quantile((1 - level) / 2), quantile((1 + level) / 2), p, p_tost, p_beyond
 
 

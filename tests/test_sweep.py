@@ -326,8 +326,10 @@ def test_report_splits_datasets_and_says_which_differences_beat_the_noise(tmp_pa
 
     welch = st.ttest_ind(accs[("bbc", 2, 2)], accs[("bbc", 8, 8)], equal_var=False)
     ci = welch.confidence_interval(0.95)
-    # and beyond ±0.02 by the minimum-effect test on the same t: each side's one-sided p, doubled (one comparison)
-    beyond = 2 * st.t.sf((0.090 - 0.02) / (0.090 / abs(welch.statistic)), welch.df)
+    # and beyond ±0.02 by the minimum-effect test on the same t: at a true difference of 0.02, an estimate as far
+    # from 0 either side (one comparison)
+    se = 0.090 / abs(welch.statistic)
+    beyond = st.t.sf((0.090 - 0.02) / se, welch.df) + st.t.sf((0.090 + 0.02) / se, welch.df)
     assert beyond < 0.05
     assert f"| 0.820 | ±{st.t.ppf(0.975, 2) * 0.02 / math.sqrt(3):.3f} | -0.090 [{ci.low:+.3f}, {ci.high:+.3f}] " \
            f"p_adj {welch.pvalue:.2g} differs (by more than ±0.02) |" in bbc
@@ -366,7 +368,8 @@ def test_report_compares_with_a_reference_within_groups(tmp_path):
     c4, c8 = w4.confidence_interval(), w8.confidence_interval()
     from statsmodels.stats.multitest import multipletests
 
-    beyond = multipletests([2 * st.t.sf((abs(w.statistic) * (1 - 0.02 / abs(d))), w.df) if abs(d) > 0.02 else 1.0
+    beyond = multipletests([min(1.0, st.t.sf(abs(w.statistic) * (1 - 0.02 / abs(d)), w.df)
+                                + st.t.sf(abs(w.statistic) * (1 + 0.02 / abs(d)), w.df))
                             for w, d in ((w4, -0.110), (w8, 0.010))], method="holm")[1]
     word = "differs (by more than ±0.02)" if beyond[0] < 0.05 else "differs"
     assert rows[("4", "3")].endswith(f"| -0.110 [{c4.low:+.3f}, {c4.high:+.3f}] p_adj {2 * holm[0]:.2g} {word} | 1 |")
