@@ -218,13 +218,14 @@ def test_a_difference_beyond_the_margin_says_so():
     assert paired.beyond_margin and paired.word() == "differs (by more than ±0.02)"
     assert stats.paired(b, a, margin=0.02).p_beyond == pytest.approx(paired.p_beyond)  # the lower side
     inside = stats.paired(a, np.where(np.arange(10000) < 80, 0, a), margin=0.02)
-    assert not inside.beyond_margin and inside.p_beyond > 0.5
+    assert not inside.beyond_margin and inside.p_beyond == pytest.approx(1.0)  # 13 standard errors inside
+    assert stats.paired(a, b, margin=0.0).p_beyond == pytest.approx(paired.p)  # margin 0: the two-sided p
     stats.holm([c, None, None])
     assert c.p_beyond_adj == pytest.approx(min(1.0, 3 * c.p_beyond))
 
 
 def test_the_beyond_margin_test_holds_its_level_at_the_margin():
-    """The t form against its own model: at a true difference of exactly +margin it rejects alpha of the time (4,000
+    """The t form against its own model: at a true difference of exactly ±margin it rejects alpha of the time (4,000
     studies: binomial SE 0.0034, the band +-3 SE), where each side's one-sided test doubled gave about alpha/2 and a
     wrong sign about 0; inside the margin (at 0 and at half of it) less. (The generalized form's level:
     test_the_equivalence_test_holds_its_level_at_the_margin.)"""
@@ -313,7 +314,8 @@ def test_the_equivalence_test_holds_its_level_at_the_margin(monkeypatch, seed_va
         said += c.p_tost < 0.05
         beyond[truth] += c.p_beyond < 0.05
     assert 0.038 <= said / reps <= 0.062, said
-    # the minimum-effect test on the same margin, from the other side: alpha of the studies on each side (1,500 a
-    # side: binomial SE 0.0056, the band +-3 SE); doubling each side's one-sided test gave about alpha/2, one tail
-    # missing gives 0 on a side
-    assert all(0.033 <= k / (reps / 2) <= 0.067 for k in beyond.values()), beyond
+    # the minimum-effect test on the same margin, from the other side: about alpha of the studies on each side (the
+    # pivot's own rate at 5 seeds about 0.044, a review's 5,000 studies a side; 1,500 here: binomial SE 0.0056, the
+    # band +-3 SE around 0.05 and below); doubling each side's one-sided test gave about alpha/2, one tail missing
+    # gives 0 on a side
+    assert all(0.030 <= k / (reps / 2) <= 0.067 for k in beyond.values()), beyond
