@@ -241,7 +241,8 @@ def random_bits(n: int) -> torch.Tensor | None:
     design; here the words are made in one pass of vectors and tempered on every thread. None where it cannot
     promise that, and torch's kernel is to draw: off the main thread, since reading the state and writing it back is
     not atomic as torch's kernel is (it holds the generator's lock; a sweep's jobs run as threads share one
-    generator), and for a state laid out otherwise than this torch's lays it out."""
+    generator), and for a state laid out otherwise than this torch's lays it out, or whose next word is not where
+    torch's generator keeps it."""
     state = torch.get_rng_state()
     if state.numel() != _STATE_BYTES or threading.current_thread() is not threading.main_thread():
         return None
