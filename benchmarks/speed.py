@@ -72,7 +72,8 @@ def run_qft(a, t0: float, out: dict) -> None:
                train_seconds=rec["train_seconds"], train_tokens=rec["train_tokens"],
                test_accuracy=rec["final_accuracy"]["test"], final_loss=rec["loss_curve"][-1][1],
                peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-               steady_tokens_per_second=steady(rec["train_tokens"], ends))
+               steady_tokens_per_second=steady(rec["train_tokens"], ends),
+               qft_source=(rec.get("execution") or {}).get("qft_source"))
     t_freeze = time.time()
     train.freeze_survivors()  # what qft's task function does between a sweep's runs; timed apart
     marks["probe"], t1 = True, time.time()
@@ -81,6 +82,12 @@ def run_qft(a, t0: float, out: dict) -> None:
         run.run(compose(a), Path(a.workdir + "-next"))
     except _Started:
         out["sweep_startup_seconds"] = marks["first_step"] - t1
+
+
+def code_versions(runs: list[dict]) -> list[str]:
+    """The qft sources (record.py's digest of qft/ and conf/ as each process read them) its runs ran: more than one
+    where the checkout changed during the invocation, and then its ratios compare different code."""
+    return sorted({str(r.get("qft_source")) for r in runs if r["kind"] != "baseline"})
 
 
 def steady(tokens: int, step_ends: list[float]) -> float:
@@ -321,10 +328,14 @@ def main() -> None:
     summary["settings"] = {"steps": a.steps, "batch": a.batch, "seq": a.seq, "reps": a.reps, "test": a.test,
                            "baseline_dtype": a.baseline_dtype, "qft_overrides": a.qft_overrides, "also": a.also,
                            **machine()}
+    summary["qft_sources"] = code_versions(runs)
     summary["runs"] = runs
     name = result_name(a, summary["settings"]["cpu_kind"], summary["settings"]["isa_caps"])
     (out_dir / f"{name}.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps({k: v for k, v in summary.items() if k != "runs"}, indent=1))
+    if len(summary["qft_sources"]) > 1:
+        raise SystemExit(f"speed.py: qft's source changed during the invocation ({', '.join(summary['qft_sources'])}): "
+                         f"its runs ran different code; {name}.json records them, but its ratios are no comparison")
 
 
 if __name__ == "__main__":

@@ -21,6 +21,14 @@ def test_steady_rate_leaves_the_first_step_out_and_takes_the_median_step():
         speed.steady(1000, [10.0])  # one step has no steady rate
 
 
+def test_an_invocation_whose_qft_runs_read_different_sources_says_so():
+    """The checkout edited between two qft runs (a session editing qft/ beside a benchmark did, twice): each run's
+    record names the source it imported, and the invocation lists them all; the stock recipe's runs have none."""
+    runs = [{"kind": "qft", "qft_source": "aaa"}, {"kind": "baseline"}, {"kind": "qft_also", "qft_source": "aaa"}]
+    assert speed.code_versions(runs) == ["aaa"]
+    assert speed.code_versions([*runs, {"kind": "qft", "qft_source": "bbb"}]) == ["aaa", "bbb"]
+
+
 def test_result_names_tell_cpu_kinds_and_switches_apart():
     a = speed.argparse.Namespace(seq=64, steps=10, baseline_dtype="fp32", unfused=True, also=["adapter.shared_dropout=true"],
                                  qft_overrides=["quant.compute_dtype=fp32"])
