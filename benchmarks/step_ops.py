@@ -106,7 +106,7 @@ def compiled_loops_timed(timer: OpTimer):
     except ImportError:
         yield
         return
-    names = ("drop", "undrop", "lora_sum", "lora_sum_grad", "random_bits")
+    names = kernels.LOOPS
     own = {n: getattr(kernels, n) for n in names}
     try:
         for n in names:

@@ -32,6 +32,7 @@ from numba import prange, types
 from numba.extending import intrinsic, overload
 
 _JIT = dict(cache=True, nogil=True, parallel=True, boundscheck=False, fastmath=False)
+LOOPS = ("drop", "undrop", "lora_sum", "lora_sum_grad", "random_bits")  # the public loops (benchmarks/step_ops.py)
 
 
 @intrinsic

@@ -311,6 +311,15 @@ def test_random_bits_leave_a_state_torch_would_not_make_to_torchs_kernel():
     assert torch.equal(torch.get_rng_state(), ref_state)
 
 
+def test_every_public_loop_is_listed_for_the_step_table():
+    """benchmarks/step_ops.py times kernels.LOOPS as ops of their own: a loop missing there would hide in its caller."""
+    import inspect
+
+    public = {n for n, f in inspect.getmembers(kernels, inspect.isfunction)
+              if f.__module__ == kernels.__name__ and not n.startswith("_")}
+    assert public - {"warm"} == set(kernels.LOOPS)
+
+
 def test_warm_leaves_torchs_random_stream_where_it_was():
     torch.manual_seed(3)
     before = torch.get_rng_state()
