@@ -84,10 +84,18 @@ def run_qft(a, t0: float, out: dict) -> None:
         out["sweep_startup_seconds"] = marks["first_step"] - t1
 
 
-def code_versions(runs: list[dict]) -> list[str]:
-    """The qft sources (record.py's digest of qft/ and conf/ as each process read them) its runs ran: more than one
-    where the checkout changed during the invocation, and then its ratios compare different code."""
-    return sorted({str(r.get("qft_source")) for r in runs if r["kind"] != "baseline"})
+def code_versions(runs: list[dict]) -> list[str | None]:
+    """The qft sources (record.py's digest of qft/ and conf/ as each process read them) its runs ran, None for a run
+    that recorded none."""
+    return sorted({r.get("qft_source") for r in runs if r["kind"] != "baseline"}, key=str)
+
+
+def one_source(sources: list[str | None], name: str) -> None:
+    """Exit 1 (after the file is written) unless every qft run read one known source: where the checkout changed
+    during the invocation its ratios compare different code."""
+    if len(sources) != 1 or sources[0] is None:
+        raise SystemExit(f"speed.py: qft's runs did not all read one known source ({', '.join(map(str, sources))}): "
+                         f"{name}.json records them, but its ratios are no comparison of one code")
 
 
 def steady(tokens: int, step_ends: list[float]) -> float:
@@ -333,9 +341,7 @@ def main() -> None:
     name = result_name(a, summary["settings"]["cpu_kind"], summary["settings"]["isa_caps"])
     (out_dir / f"{name}.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps({k: v for k, v in summary.items() if k != "runs"}, indent=1))
-    if len(summary["qft_sources"]) > 1:
-        raise SystemExit(f"speed.py: qft's source changed during the invocation ({', '.join(summary['qft_sources'])}): "
-                         f"its runs ran different code; {name}.json records them, but its ratios are no comparison")
+    one_source(summary["qft_sources"], name)
 
 
 if __name__ == "__main__":

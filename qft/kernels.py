@@ -167,9 +167,10 @@ def _word(x, j):
 @numba.njit(cache=True, nogil=True, boundscheck=False)
 def _stream(mt, start, out):
     """The generator's raw words X[start:start + out.size] into out, X[0:624] its current block (mt), each later
-    block twisted from the one before; mt becomes the block that holds the last word, as torch's twist leaves it.
-    Each word follows from three at least 227 before it, so one pass over out runs in vectors (no copy of each block
-    through the state, as torch's loop makes)."""
+    block twisted from the one before; mt becomes the block that holds the last word, as torch's twist leaves it, and
+    the return is torch's new `next`. Each word follows from three at least 227 before it, so one pass over out runs
+    in vectors (no copy of each block through the state, as torch's loop makes); the pass must stay in order (no
+    prange, not under `_JIT`): LLVM vectorizes it only because it proves that distance."""
     w = out.size
     head = np.empty(2 * _N, np.uint32)  # the current block and the next: all words before X[1248]
     head[:_N] = mt
@@ -244,6 +245,8 @@ def random_bits(n: int) -> torch.Tensor | None:
     not atomic as torch's kernel is (it holds the generator's lock; a sweep's jobs run as threads share one
     generator), and for a state laid out otherwise than this torch's lays it out, or whose next word is not where
     torch's generator keeps it."""
+    if n == 0:  # torch's kernel leaves a fresh seed's state as it is (no twist, `next` untouched)
+        return torch.empty(0, dtype=torch.int64)
     state = torch.get_rng_state()
     if state.numel() != _STATE_BYTES or threading.current_thread() is not threading.main_thread():
         return None

@@ -26,7 +26,13 @@ def test_an_invocation_whose_qft_runs_read_different_sources_says_so():
     record names the source it imported, and the invocation lists them all; the stock recipe's runs have none."""
     runs = [{"kind": "qft", "qft_source": "aaa"}, {"kind": "baseline"}, {"kind": "qft_also", "qft_source": "aaa"}]
     assert speed.code_versions(runs) == ["aaa"]
-    assert speed.code_versions([*runs, {"kind": "qft", "qft_source": "bbb"}]) == ["aaa", "bbb"]
+    speed.one_source(["aaa"], "x")  # one known source: no exit
+    edited = speed.code_versions([*runs, {"kind": "qft", "qft_source": "bbb"}])
+    assert edited == ["aaa", "bbb"]
+    for sources in (edited, [None], speed.code_versions([*runs, {"kind": "qft"}])):
+        with pytest.raises(SystemExit, match="did not all read one known source") as e:
+            speed.one_source(sources, "speed-x")
+        assert "speed-x.json" in str(e.value)
 
 
 def test_result_names_tell_cpu_kinds_and_switches_apart():

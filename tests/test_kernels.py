@@ -275,13 +275,16 @@ def test_warm_compiles_every_loop_a_step_calls():
 
 
 @pytest.mark.parametrize("seed", [0, 5, 2**40 + 3])
-def test_random_bits_are_torchs_draws_and_leave_its_generator_where_torch_does(seed):
-    """Sizes that end a 624-word block exactly, one short, one over, and start it at even and odd words; the state
-    afterwards and the next draws of another kind are torch's."""
-    sizes = [1, 3, 311, 312, 313, 623, 624, 625, 1, 147456, 2, 700, 1000, 937, 1249]
+@pytest.mark.parametrize("offset", [0, 7, 8], ids=["fresh-seed", "odd-word", "even-word"])
+def test_random_bits_are_torchs_draws_and_leave_its_generator_where_torch_does(seed, offset):
+    """From a fresh seed's state (no block twisted yet), an odd and an even word into the block: a first draw that ends
+    the block exactly, then sizes one short of a block, one over, empty, and 40 random ones that end anywhere in a
+    block; the draws, the state afterwards and the next draws of another kind are torch's."""
+    sizes = [(624 - offset % 624) // 2 if offset % 2 == 0 else 1, 0, 3, 311, 312, 313, 623, 624, 625, 1, 147456, 2,
+             700, 1000, 937, 1249]
     sizes += np.random.RandomState(seed % 2**32).randint(1, 2000, 40).tolist()  # ends anywhere in a block
     torch.manual_seed(seed)
-    torch.rand(7)  # an odd word offset to start from
+    torch.rand(offset)  # the words already read from the block
     ref = [torch.empty(n, dtype=torch.int64).random_(-2**63, None) for n in sizes]
     ref_state, ref_next = torch.get_rng_state(), torch.rand(5)
     for guard in (kernels._STATE_BYTES, 0):  # 0: a layout it does not know: None, and the mask's draws are torch's
@@ -289,10 +292,26 @@ def test_random_bits_are_torchs_draws_and_leave_its_generator_where_torch_does(s
             mp.setattr(kernels, "_STATE_BYTES", guard)
             assert (kernels.random_bits(5) is None) == (guard == 0)
             torch.manual_seed(seed)
-            torch.rand(7)
+            torch.rand(offset)
             got = [kernels.random_bits(n) if guard else adapter.draws(n, torch.device("cpu"), True) for n in sizes]
             assert all(torch.equal(a, b) for a, b in zip(got, ref))
             assert torch.equal(torch.get_rng_state(), ref_state) and torch.equal(torch.rand(5), ref_next)
+    torch.manual_seed(seed)
+    assert kernels.random_bits(0).numel() == 0 and torch.equal(torch.get_rng_state(), torch.manual_seed(seed).get_state())
+
+
+def test_mask_draws_are_the_compiled_ones_where_they_can_be():
+    """adapter.draws takes kernels.random_bits' draws where it gives them (compiled masks on the CPU), and torch's
+    kernel's otherwise: not compiled, or None from it."""
+    mine = torch.arange(8)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(kernels, "random_bits", lambda n: mine[:n])
+        assert torch.equal(adapter.draws(8, torch.device("cpu"), True), mine)
+        torch.manual_seed(2)
+        got = adapter.draws(8, torch.device("cpu"), False)
+        mp.setattr(kernels, "random_bits", lambda n: None)
+        torch.manual_seed(2)
+        assert torch.equal(adapter.draws(8, torch.device("cpu"), True), got) and not torch.equal(got, mine)
 
 
 def test_random_bits_leave_a_state_torch_would_not_make_to_torchs_kernel():
