@@ -1,10 +1,11 @@
 """An execution switch on against off, in one process (`--loops masks`: `train.compiled_masks`; `sums`:
-`train.compiled_sums`; `rows`: `train.split_rows`, no compiled loop): steps alternate between the two on the same
+`train.compiled_sums`; `rope`: `train.compiled_rope`; `rows`: `train.split_rows`, no compiled loop): steps alternate between the two on the same
 model, batches and memory state, so the machine's drift between processes (5-10% on these VMs) falls on both alike.
 
     python benchmarks/compiled.py                                                   # masks; 12 steps each, after 2
     python benchmarks/compiled.py --loops sums quant.attention_dtype=fp32 quant.cache_dequantized=true
     python benchmarks/compiled.py --loops rows quant.attention_dtype=fp32 quant.cache_dequantized=true
+    python benchmarks/compiled.py --loops rope
 
 The workload is `speed.py`'s (SmolLM2-135M, BBC News, batch 16 x 64, its lr and dropout); a step is the training
 step of `step_ops.py` (answer loss, backward, clipping, AdamW). The other switches stay as the config sets them. The
@@ -32,13 +33,14 @@ def _fused(cfg) -> bool:
 
 
 # what a config needs for the switch to act (the key to name, whether it holds, what is allowed), and the objects'
-# flag: masks and sums are numba loops, none where numba is not installed
+# flag: masks, sums and rope are numba loops, none where numba is not installed (rope: nor for another rotary function)
 NEEDS = {
     "masks": ("adapter.dropout_mask", lambda cfg: cfg.adapter.get("dropout_mask") == "fast" and cfg.adapter.dropout > 0,
               "only fast masks compile: needs adapter.dropout_mask=fast and adapter.dropout > 0",
               "compiled"),
     "sums": ("train.fuse_projections", _fused,
              "the compiled sums run in fused groups: needs train.fuse_projections=true", "compiled"),
+    "rope": ("train.compiled_rope", lambda cfg: True, "", "compiled"),
     "rows": ("train.fuse_projections", _fused,
              "the row blocks run in fused groups: needs train.fuse_projections=true", "split_rows"),
 }
@@ -65,9 +67,14 @@ def main() -> None:
     if not holds(cfg):
         raise QftError(key, OmegaConf.select(cfg, key), allowed)
     net, step = step_ops.workload(cfg)
-    switched = {"masks": adapter.compile_masks, "sums": fuse.compile_sums, "rows": fuse.split_rows}[a.loops](net)
+    switched = {"masks": adapter.compile_masks, "sums": fuse.compile_sums, "rope": model.compile_rope,
+                "rows": fuse.split_rows}[a.loops](net)
     if not switched and attr == "compiled":
-        raise QftError(f"train.compiled_{a.loops}", True, "numba is not installed (pip install numba)")
+        import importlib.util
+
+        raise QftError(f"train.compiled_{a.loops}", True, "numba is not installed (pip install numba)"
+                       if importlib.util.find_spec("numba") is None
+                       else "this model's rotary function is not the one qft.kernels.rope computes")
     seconds = {True: [], False: []}
     for i in range(n):
         on = i % 2 == 0

@@ -32,7 +32,7 @@ from numba import prange, types
 from numba.extending import intrinsic, overload
 
 _JIT = dict(cache=True, nogil=True, parallel=True, boundscheck=False, fastmath=False)
-LOOPS = ("drop", "undrop", "lora_sum", "lora_sum_grad", "random_bits")  # the public loops (benchmarks/step_ops.py)
+LOOPS = ("drop", "undrop", "lora_sum", "lora_sum_grad", "random_bits", "rope")  # public (benchmarks/step_ops.py)
 
 
 @intrinsic
@@ -138,6 +138,32 @@ def _sum_grad(grad, scale, frozen, lora):
         lora[i] = _bf16(_f32(g) * s)
 
 
+@numba.njit(**_JIT)
+def _rope(x, xs, cos, sin, crows, out, os, grad):
+    """Rotary embedding of x (batch, heads, seq, dim) into out, each at its strides (xs, os: batch, head, seq; the
+    last is 1) from its first element in a flat view; cos and sin rows of dim, position r = b * seq + t at r % crows.
+    Forward, HF's x * cos + rotate_half(x) * sin, rotate_half(x) = (-x[half:], x[:half]); with `grad`, that map's
+    gradient as autograd makes it from HF's ops: g * cos plus g * sin moved back a half (its first half negated),
+    plus 0, the slices' zeros, which make a -0 sum +0. (a - b is a + (-b) in IEEE arithmetic, bit for bit.)"""
+    batch, heads, seq, dim = xs[3], xs[4], xs[5], xs[6]
+    half = dim // 2
+    zero = np.float32(0.0)
+    for r in prange(batch * seq):
+        b, t = r // seq, r % seq
+        c, s = cos[(r % crows) * dim:(r % crows + 1) * dim], sin[(r % crows) * dim:(r % crows + 1) * dim]
+        for h in range(heads):
+            i, o = b * xs[0] + h * xs[1] + t * xs[2], b * os[0] + h * os[1] + t * os[2]
+            xr, orow = x[i:i + dim], out[o:o + dim]
+            if grad:
+                for j in range(half):
+                    orow[j] = (xr[j] * c[j] + xr[j + half] * s[j + half]) + zero
+                    orow[j + half] = (xr[j + half] * c[j + half] - xr[j] * s[j]) + zero
+            else:
+                for j in range(half):
+                    orow[j] = xr[j] * c[j] - xr[j + half] * s[j]
+                    orow[j + half] = xr[j + half] * c[j + half] + xr[j] * s[j + half]
+
+
 # torch's default CPU generator: a Mersenne Twister (mt19937, as at::mt19937 runs it), its state as get_rng_state lays
 # it out: the words left to read + 1 (an int32 at byte 8), the next word's index (a uint64 at 16), 624 words (uint64s)
 _N, _M, _STATE_BYTES = 624, 397, 5056
@@ -237,6 +263,21 @@ def lora_sum_grad(grad: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch
     return frozen, lora
 
 
+def _strided(t: torch.Tensor) -> np.ndarray:
+    """A CPU tensor's elements as one flat numpy view from its first to its last (strides >= 0)."""
+    span = 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride())) if t.numel() else 0
+    return torch.as_strided(t.detach(), (span,), (1,), t.storage_offset()).numpy()
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor, grad: bool = False) -> None:
+    """Fill out (fp32, x's shape) with HF's rotary embedding of x (batch, heads, seq, dim; fp32, any strides >= 0
+    whose last is 1), or with its gradient where x is the output's gradient (`grad`); cos and sin (rows, seq, dim)
+    contiguous, rows 1 or batch."""
+    if x.numel():
+        _rope(_strided(x), np.array([*x.stride()[:3], *x.shape], np.int64), _flat(cos), _flat(sin),
+              cos.shape[0] * cos.shape[1], _strided(out), np.array(out.stride()[:3], np.int64), grad)
+
+
 def random_bits(n: int) -> torch.Tensor | None:
     """n int64s from torch's default CPU generator, the very draws of `torch.empty(n, dtype=torch.int64).random_(
     -2**63, None)`, the generator left where that leaves it: torch's kernel draws them one by one on one thread by
@@ -283,5 +324,7 @@ def warm() -> None:
         lora_sum(y, 32, h[:32], 1.0, torch.float32)
     lora_sum(halves[1], 32, halves[1][:32], 1.0, torch.bfloat16)
     lora_sum_grad(x, 1.0)
+    for grad in (False, True):
+        rope(x.view(1, 2, 2, 16), x[:32].view(1, 2, 16), x[:32].view(1, 2, 16), back.view(1, 2, 2, 16), grad)
     with torch.random.fork_rng(devices=[]):  # the run's random stream untouched
         random_bits(1)

@@ -29,7 +29,7 @@ SCHEMA = 2
 # same loss curve and adapter).
 _NOT_HASHED = {("train", "resume"), ("train", "stop_after_steps"), ("train", "host_allocator"), ("train", "eval_every"),
                ("train", "fuse_projections"), ("train", "compiled_masks"), ("train", "compiled_sums"),
-               ("train", "split_rows"), ("train", "checkpoint_every"), ("train", "eval_batch_size"),
+               ("train", "compiled_rope"), ("train", "split_rows"), ("train", "checkpoint_every"), ("train", "eval_batch_size"),
                ("train", "zero_shot"), ("experiment",), ("cache_dir",), ("sweep",), ("grid",), ("logger",),
                ("quant", "cache_dequantized"), ("quant", "cache_quantized"), ("offload",),
                ("budget", "bits_records")}  # read by python -m qft.budget only, never by a run
@@ -192,6 +192,7 @@ def execution(cfg) -> dict:
             "fuse_projections": bool(cfg.train.get("fuse_projections", False)),
             "compiled_masks": bool(cfg.train.get("compiled_masks", False)),
             "compiled_sums": bool(cfg.train.get("compiled_sums", False)),
+            "compiled_rope": bool(cfg.train.get("compiled_rope", False)),
             "split_rows": bool(cfg.train.get("split_rows", False)), "torch": torch.__version__,
             "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
 

@@ -120,6 +120,8 @@ def build(cfg, source: model.Source, device: torch.device) -> Built:
     net, plan = adapter.attach(net, cfg.adapter, projections, layers.architecture(source.model_type).shared_input)
     if cfg.train.get("compiled_masks", False) and device.type == "cpu":  # the loops are CPU code
         adapter.compile_masks(net)
+    if cfg.train.get("compiled_rope", False) and device.type == "cpu":
+        model.compile_rope(net)
     if cfg.train.get("fuse_projections", False):
         fuse.install(net, projections, source.model_type)
         if cfg.train.get("compiled_sums", False) and device.type == "cpu":

@@ -56,6 +56,7 @@ def check(cfg, device: str) -> None:
     boolean("train.fuse_projections", cfg.get("fuse_projections", False))
     boolean("train.compiled_masks", cfg.get("compiled_masks", False))
     boolean("train.compiled_sums", cfg.get("compiled_sums", False))
+    boolean("train.compiled_rope", cfg.get("compiled_rope", False))
     boolean("train.split_rows", cfg.get("split_rows", False))
 
 

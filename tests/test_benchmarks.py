@@ -67,6 +67,7 @@ def test_step_ops_times_every_op_of_a_real_step():
     assert ops["qft.kernels.undrop"][2] == 4 * 7 - 3  # layer 0's q/k/v read the embedding, which needs no gradient
     assert ops["qft.kernels.lora_sum"][2] == 4 * 7 and "aten.random_" not in ops  # bf16 attention: o sums in bf16
     assert ops["qft.kernels.lora_sum_grad"][2] == 4 * 6
+    assert ops["qft.kernels.rope"][2] == 4 * 2 * 2 and "aten.neg" not in ops  # q and k, forward and backward
     assert any(re.fullmatch(r"aten\.mm \[\d+, \d+\] x \[\d+, \d+\]", name) for name in ops)  # matmuls by shape
     # --split keys the casts by operand and result: bf16 compute casts fp32 activations down and gradients up
     assert "aten._to_copy" not in ops
@@ -81,7 +82,7 @@ def test_step_ops_bad_input_exits_2_with_one_line():
     assert len(out.stderr.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("loops", ["masks", "sums", "rows"])
+@pytest.mark.parametrize("loops", ["masks", "sums", "rope", "rows"])
 def test_compiled_alternates_the_switch_in_one_process(tmp_path, loops):
     out = subprocess.run([sys.executable, "benchmarks/compiled.py", "--loops", loops, "--batch", "4", "--warmup", "1",
                           "--pairs", "2", "--out", str(tmp_path), "model=tiny_llama"], cwd=ROOT, capture_output=True,

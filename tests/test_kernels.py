@@ -1,5 +1,6 @@
 """The compiled loops (qft.kernels) give the very bits torch's ops give: train.compiled_masks (the fast dropout mask as
-one pass) and train.compiled_sums (a projection's frozen and scaled LoRA outputs summed in one pass)."""
+one pass), train.compiled_sums (a projection's frozen and scaled LoRA outputs summed in one pass) and
+train.compiled_rope (the rotary embedding of q and k in one pass)."""
 
 import collections
 import os
@@ -12,7 +13,7 @@ import pytest
 import torch
 
 from conftest import build, make_cfg, spread_lora_b
-from qft import adapter, fuse, kernels, record, train
+from qft import adapter, fuse, kernels, model, record, train
 
 P = 0.05
 THRESHOLD, SCALE = round(P * 65536) - 32768, 65536 / (65536 - round(P * 65536))
@@ -153,9 +154,7 @@ def test_compiled_masks_change_no_numbers_in_a_model(extra):
 
 
 def test_compiled_masks_is_an_execution_switch_outside_the_hash():
-    on, off = make_cfg("train.compiled_masks=true"), make_cfg("train.compiled_masks=false")
-    assert record.config_hash(on) == record.config_hash(off)
-    assert record.execution(on)["compiled_masks"] is True and record.execution(off)["compiled_masks"] is False
+    assert_outside_the_hash("compiled_masks")
     _, _, built = build("train.compiled_masks=false", "adapter.dropout=0.1")
     assert not any(getattr(m, "compiled", False) for m in built.model.modules())
     assert len(adapter.compile_masks(built.model)) == 4 * 7
@@ -198,7 +197,7 @@ def run_model(*overrides):
     build's, which compile them)."""
     calls, net = collections.Counter(), model_of(*overrides)
     with pytest.MonkeyPatch.context() as mp:
-        for name in ("lora_sum", "lora_sum_grad"):
+        for name in ("lora_sum", "lora_sum_grad", "rope"):
             mp.setattr(kernels, name, counted(getattr(kernels, name), name, calls))
         net, loss, grads = loss_and_grads(*overrides, net=net)
         net.eval()
@@ -208,10 +207,24 @@ def run_model(*overrides):
     return net, loss, grads, logits, calls
 
 
+def assert_same_run(got, ref):
+    """run_model's results alike bit for bit: the loss, the evaluation logits and every gradient."""
+    (_, loss, grads, logits, _), (_, ref_loss, ref_grads, ref_logits, _) = got, ref
+    assert loss == ref_loss and torch.equal(logits, ref_logits)
+    assert grads.keys() == ref_grads.keys() and all(torch.equal(grads[k], ref_grads[k]) for k in grads)
+
+
+def assert_outside_the_hash(switch):
+    """An execution switch: the same config hash on and off, and the record's `execution` names which."""
+    on, off = make_cfg(f"train.{switch}=true"), make_cfg(f"train.{switch}=false")
+    assert record.config_hash(on) == record.config_hash(off)
+    assert record.execution(on)[switch] is True and record.execution(off)[switch] is False
+
+
 def counted(f, name, calls):
-    def wrapper(*args):
+    def wrapper(*args, **kwargs):
         calls[name] += 1
-        return f(*args)
+        return f(*args, **kwargs)
     return wrapper
 
 
@@ -227,22 +240,19 @@ def counted(f, name, calls):
     (["quant.compute_dtype=bf16", "train.compiled_masks=false", "adapter.dropout_mask=torch"], 28, 24),
 ])
 def test_compiled_sums_change_no_numbers_in_a_model(extra, sums, grads):
-    net, loss, grads_, logits, calls = run_model("train.compiled_sums=true", *extra)
-    _, ref_loss, ref_grads, ref_logits, ref_calls = run_model("train.compiled_sums=false", *extra)
-    assert all(g.compiled for g in net._qft_fused) and not ref_calls
+    got, ref = run_model("train.compiled_sums=true", *extra), run_model("train.compiled_sums=false", *extra)
+    net, calls, ref_calls = got[0], got[4], ref[4]
+    assert all(g.compiled for g in net._qft_fused) and not (ref_calls["lora_sum"] or ref_calls["lora_sum_grad"])
     if "train.gradient_checkpointing=true" in extra:  # forward again in backward, until the last tensor it keeps
         assert 2 * sums < calls["lora_sum"] < 3 * sums
     else:
         assert calls["lora_sum"] == 2 * sums  # training, then evaluation
     assert calls["lora_sum_grad"] == grads
-    assert loss == ref_loss and torch.equal(logits, ref_logits)
-    assert grads_.keys() == ref_grads.keys() and all(torch.equal(grads_[k], ref_grads[k]) for k in grads_)
+    assert_same_run(got, ref)
 
 
 def test_compiled_sums_is_an_execution_switch_outside_the_hash():
-    on, off = make_cfg("train.compiled_sums=true"), make_cfg("train.compiled_sums=false")
-    assert record.config_hash(on) == record.config_hash(off)
-    assert record.execution(on)["compiled_sums"] is True and record.execution(off)["compiled_sums"] is False
+    assert_outside_the_hash("compiled_sums")
     _, _, built = build("train.compiled_sums=false")
     assert built.model._qft_fused and not any(g.compiled for g in built.model._qft_fused)
     assert len(fuse.compile_sums(built.model)) == 4 * 4  # q/k/v, o, gate/up, down
@@ -378,3 +388,98 @@ def test_compiled_sums_hold_no_gradient_past_backward():
         net = model_of("quant.compute_dtype=bf16", "train.compiled_sums=true")
         loss_and_grads("quant.compute_dtype=bf16", net=net)
     assert len(boxes) == 4 * 7 and all(box == {} for box in boxes)
+
+
+def hf_rope():
+    """transformers' own rotary function for LLaMA (outside a model's forward, the `kernels` wrapper calls it)."""
+    from transformers.models.llama import modeling_llama
+
+    return modeling_llama.apply_rotary_pos_emb
+
+
+def rope_case(f, batch, cos_rows, heads, kv, seq, dim, layout, dtype=torch.float32):
+    """f's q and k embeddings, and the gradients of the projections' outputs (laid out (batch, seq, heads * dim) as
+    HF's attention views them, or (batch, heads, seq, dim) contiguous), the output gradients laid out alike."""
+    leaves, views, grads = [], [], []
+    for i, h in enumerate((heads, kv)):
+        shape = (batch, seq, h * dim) if layout == "bshd" else (batch, h, seq, dim)
+        leaf = awkward(shape, seed=10 + i).to(dtype).requires_grad_(True)
+        leaves.append(leaf)
+        views.append(leaf.view(batch, seq, h, dim).transpose(1, 2) if layout == "bshd" else leaf)
+        g = awkward((batch, seq, h, dim) if layout == "bshd" else (batch, h, seq, dim), seed=20 + i).to(dtype)
+        grads.append(g.transpose(1, 2) if layout == "bshd" else g)
+    cos, sin = (awkward((cos_rows, seq, dim), seed=30 + i).to(dtype) for i in range(2))
+    outs = f(*views, cos, sin)
+    torch.autograd.backward(outs, grads)
+    return [o.detach() for o in outs] + [leaf.grad for leaf in leaves], [o.stride() for o in outs]
+
+
+@pytest.mark.parametrize("batch,cos_rows,heads,kv,seq,dim", [(3, 3, 4, 2, 7, 16), (3, 1, 4, 2, 7, 16),
+                                                            (2, 2, 9, 3, 5, 64), (1, 1, 1, 1, 1, 16)])
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+def test_compiled_rope_gives_the_bits_of_hfs_ops(batch, cos_rows, heads, kv, seq, dim, layout):
+    """Forward and backward over every rounding case `awkward` holds (signed zeros: autograd's sum with the slices'
+    zeros makes a -0 gradient +0), cos per example or broadcast, GQA's fewer k heads, both layouts of q and k; the
+    outputs laid out as HF's ops lay them out."""
+    args = (batch, cos_rows, heads, kv, seq, dim, layout)
+    got, strides = rope_case(lambda *a: model._Rope.apply(*a), *args)
+    ref, ref_strides = rope_case(hf_rope(), *args)
+    assert strides == ref_strides
+    assert all(same_bits(a, b) for a, b in zip(got, ref))
+
+
+def test_compiled_rope_takes_only_hfs_function():
+    """The probe that decides whether an architecture's rotary function is the one compiled: LLaMA's is; a partial
+    rotary one (Phi-3's kind), an interleaved one and one of another signature are not."""
+    def partial(q, k, cos, sin):  # the first half of each head rotated, the rest passed through
+        def rot(x):
+            n = x.shape[-1] // 2
+            part = x[..., :n]
+            turned = torch.cat((-part[..., n // 2:], part[..., :n // 2]), -1)
+            return torch.cat((part * cos[..., :n].unsqueeze(1) + turned * sin[..., :n].unsqueeze(1), x[..., n:]), -1)
+        return rot(q), rot(k)
+
+    def interleaved(q, k, cos, sin):
+        def rot(x):
+            pairs = x.unflatten(-1, (-1, 2))
+            turned = torch.stack((-pairs[..., 1], pairs[..., 0]), -1).flatten(-2)
+            return x * cos.unsqueeze(1) + turned * sin.unsqueeze(1)
+        return rot(q), rot(k)
+
+    assert model._rope_is_hfs(hf_rope())
+    assert not any(model._rope_is_hfs(f) for f in (partial, interleaved, lambda q, k, cos, sin, ids: (q, k)))
+
+
+def test_compiled_rope_runs_hfs_ops_where_it_does_not_fit_or_is_off():
+    _, _, built = build("train.compiled_rope=true")
+    funcs = [f for m in built.model.modules() for f in getattr(m, "_kernel_funcs", {}).values()]
+    assert len(funcs) == 4 and all(f.compiled for f in funcs)
+    func, args = funcs[0], (1, 1, 4, 2, 3, 16, "bshd")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(kernels, "rope", None)  # the compiled pass would fail
+        bf16, _ = rope_case(func, *args, dtype=torch.bfloat16)
+        assert all(same_bits(a, b) for a, b in zip(bf16, rope_case(hf_rope(), *args, dtype=torch.bfloat16)[0]))
+        func.compiled = False
+        off, _ = rope_case(func, *args)
+    assert all(same_bits(a, b) for a, b in zip(off, rope_case(hf_rope(), *args)[0]))
+
+
+@pytest.mark.parametrize("extra,calls", [  # tiny_llama: 4 layers; q and k a call each, forward and backward
+    (["quant.compute_dtype=bf16"], 3 * 8),  # training forward and backward, evaluation forward
+    (["quant.compute_dtype=bf16", "quant.attention_dtype=fp32"], 3 * 8),
+    (["quant.compute_dtype=fp32"], 3 * 8),
+    (["quant.compute_dtype=bf16", "train.fuse_projections=false"], 3 * 8),
+    (["quant.compute_dtype=bf16", "train.gradient_checkpointing=true"], 4 * 8),  # forward again in backward
+])
+def test_compiled_rope_changes_no_numbers_in_a_model(extra, calls):
+    got, ref = run_model("train.compiled_rope=true", *extra), run_model("train.compiled_rope=false", *extra)
+    assert got[4]["rope"] == calls and not ref[4]["rope"]
+    assert_same_run(got, ref)
+
+
+def test_compiled_rope_is_an_execution_switch_outside_the_hash():
+    assert_outside_the_hash("compiled_rope")
+    _, _, built = build("train.compiled_rope=false")
+    assert not any(getattr(f, "compiled", False) for m in built.model.modules()
+                   for f in getattr(m, "_kernel_funcs", {}).values())
+    assert len(model.compile_rope(built.model)) == 4
