@@ -9,7 +9,8 @@ model, batches and memory state, so the machine's drift between processes (5-10%
 
 The workload is `speed.py`'s (SmolLM2-135M, BBC News, batch 16 x 64, its lr and dropout); a step is the training
 step of `step_ops.py` (answer loss, backward, clipping, AdamW). The other switches stay as the config sets them. The
-medians and their ratio go to benchmarks/results/compiled_{loops}-seq{N}[-overrides]-{cpu kind}.json (its keys
+medians and their ratio go to benchmarks/results/compiled_{loops}-seq{N}[-threads{T}][-overrides]-{cpu kind}.json (the
+thread count where it is not one per usable core) (its keys
 `compiled` and `torch_ops` name the switch on and off, for every switch).
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -91,7 +93,8 @@ def main() -> None:
            "settings": {"batch": a.batch, "seq": a.seq, "warmup": a.warmup, "pairs": a.pairs,
                         "qft_overrides": a.qft_overrides,
                         "compute_dtype": model.compute_dtype_name(cfg.quant.compute_dtype), **speed.machine()}}
-    name = speed.tagged(f"compiled_{a.loops}-seq{a.seq}", a.qft_overrides, out["settings"]["cpu_kind"],
+    threads = "" if torch.get_num_threads() == len(os.sched_getaffinity(0)) else f"-threads{torch.get_num_threads()}"
+    name = speed.tagged(f"compiled_{a.loops}-seq{a.seq}{threads}", a.qft_overrides, out["settings"]["cpu_kind"],
                         out["settings"]["isa_caps"])
     Path(a.out).mkdir(parents=True, exist_ok=True)
     (Path(a.out) / f"{name}.json").write_text(json.dumps(out, indent=1))

@@ -249,7 +249,10 @@ def _read_tokenizer(folder: str, trust_remote_code: bool, state: tuple):
 
 
 def load(source: Source):
-    """The base model in fp32 on CPU, frozen; quantization then decides each projection's precision."""
+    """The base model in fp32 on CPU, frozen; quantization then decides each projection's precision. Torch's own ops
+    (`use_kernels=False`): transformers 5 would otherwise `kernelize` a loaded model with the Hugging Face Hub's
+    kernels wherever its mapping names one for the device, fetched at run time and computing otherwise, and do it
+    again at each `train()` and `eval()`, undoing `compile_rope`'s hook."""
     from transformers import AutoModelForCausalLM
 
     if source.weights is None:
@@ -259,7 +262,7 @@ def load(source: Source):
             model = AutoModelForCausalLM.from_config(copy.deepcopy(source.config), dtype=torch.float32)
     else:
         try:
-            model = AutoModelForCausalLM.from_pretrained(source.weights, dtype=torch.float32,
+            model = AutoModelForCausalLM.from_pretrained(source.weights, dtype=torch.float32, use_kernels=False,
                                                          trust_remote_code=source.trust_remote_code)
         except Exception as e:
             raise QftError("model.path", str(source.weights),

@@ -1,6 +1,7 @@
 """The benchmark tools measure what they say: speed.py's steady rate, and step_ops.py's table of a real step."""
 
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -94,6 +95,18 @@ def test_compiled_alternates_the_switch_in_one_process(tmp_path, loops):
     med = got["step_seconds_median"]
     assert got["ratio_compiled_over_torch_ops"] == pytest.approx(med["compiled"] / med["torch_ops"])
     assert f"the {loops} on" in out.stdout and f"ratio {got['ratio_compiled_over_torch_ops']:.3f}" in out.stdout
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one usable core: one thread is the machine's count")
+def test_compiled_names_a_thread_count_below_the_cores_in_its_file(tmp_path):
+    """Runs at one thread (a study's setting) must not overwrite the same switch's file at the machine's count."""
+    out = subprocess.run([sys.executable, "benchmarks/compiled.py", "--loops", "rope", "--batch", "4", "--warmup", "1",
+                          "--pairs", "1", "--out", str(tmp_path), "model=tiny_llama"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr
+    (result,) = tmp_path.glob("*.json")
+    cpu_kind = json.loads(result.read_text())["settings"]["cpu_kind"]
+    assert result.name == f"compiled_rope-seq64-threads1-model_tiny_llama-{cpu_kind}.json"
 
 
 def test_compiled_masks_without_masks_exits_2_with_one_line(tmp_path):

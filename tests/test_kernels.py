@@ -483,3 +483,16 @@ def test_compiled_rope_is_an_execution_switch_outside_the_hash():
     assert not any(getattr(f, "compiled", False) for m in built.model.modules()
                    for f in getattr(m, "_kernel_funcs", {}).values())
     assert len(model.compile_rope(built.model)) == 4
+
+
+def test_compiled_rope_survives_train_and_eval_of_a_model_loaded_from_a_folder(tmp_path):
+    """transformers 5 kernelizes a model it loads from a folder (hub kernels) and again at each train() and eval(),
+    which resets every rotary function's forward; qft loads without, so the hook stays and nothing is fetched."""
+    model.load(model.resolve(make_cfg().model, make_cfg().cache_dir)).save_pretrained(tmp_path / "base")
+    _, _, built = build(f"model.path={tmp_path / 'base'}", "train.compiled_rope=true")
+    net = built.model
+    assert not net.get_base_model().use_kernels
+    funcs = [f for m in net.modules() for f in getattr(m, "_kernel_funcs", {}).values()]
+    net.train()
+    net.eval()
+    assert len(funcs) == 4 and all("forward" in f.__dict__ and f.compiled for f in funcs)
