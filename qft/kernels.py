@@ -144,7 +144,8 @@ def _rope(x, xs, cos, sin, crows, out, os, grad):
     last is 1) from its first element in a flat view; cos and sin rows of dim, position r = b * seq + t at r % crows.
     Forward, HF's x * cos + rotate_half(x) * sin, rotate_half(x) = (-x[half:], x[:half]); with `grad`, that map's
     gradient as autograd makes it from HF's ops: g * cos plus g * sin moved back a half (its first half negated),
-    plus 0, the slices' zeros, which make a -0 sum +0. (a - b is a + (-b) in IEEE arithmetic, bit for bit.)"""
+    plus 0, the slices' zeros, which make a -0 sum +0. (a - b is a + (-b) in IEEE arithmetic, bit for bit but for a
+    NaN's sign: a NaN result is NaN where HF's is, its sign and payload unspecified, as LLVM may fold a negation.)"""
     batch, heads, seq, dim = xs[3], xs[4], xs[5], xs[6]
     half = dim // 2
     zero = np.float32(0.0)

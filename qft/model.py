@@ -312,13 +312,15 @@ def attention_dtype(model, name: str) -> None:
 
 class _Rope(torch.autograd.Function):
     """HF's rotary embedding of q and k as one compiled pass each, forward and backward (`train.compiled_rope`,
-    qft.kernels.rope): the same bits as its ten ops forward and fourteen backward."""
+    qft.kernels.rope): the same bits as its ten ops forward and fourteen backward (a NaN's sign aside), outputs and
+    gradients laid out as they lay them out (a norm's weight gradient behind q sums in that layout's order)."""
 
     @staticmethod
     def forward(ctx, q, k, cos, sin):
         from qft import kernels
 
         ctx.save_for_backward(cos, sin)
+        ctx.set_materialize_grads(False)  # an output nothing read hands its input no gradient, as HF's ops do
         outs = []
         for x in (q, k):
             out = torch.empty_like(x)  # x's layout, as HF's ops leave it
@@ -337,7 +339,7 @@ class _Rope(torch.autograd.Function):
             out = None
             if g is not None and needed:
                 g = g if g.stride(-1) == 1 and min(g.stride()) >= 0 else g.contiguous()
-                out = torch.empty(g.shape[0], g.shape[2], g.shape[1], g.shape[3]).transpose(1, 2)  # as q is laid out
+                out = torch.empty(g.shape)  # contiguous, as autograd's sum of HF's terms is laid out
                 kernels.rope(g, cos, sin, out, True)  # the gradient
             outs.append(out)
         return (*outs, None, None)

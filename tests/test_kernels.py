@@ -397,35 +397,57 @@ def hf_rope():
     return modeling_llama.apply_rotary_pos_emb
 
 
-def rope_case(f, batch, cos_rows, heads, kv, seq, dim, layout, dtype=torch.float32):
-    """f's q and k embeddings, and the gradients of the projections' outputs (laid out (batch, seq, heads * dim) as
-    HF's attention views them, or (batch, heads, seq, dim) contiguous), the output gradients laid out alike."""
-    leaves, views, grads = [], [], []
-    for i, h in enumerate((heads, kv)):
-        shape = (batch, seq, h * dim) if layout == "bshd" else (batch, h, seq, dim)
-        leaf = awkward(shape, seed=10 + i).to(dtype).requires_grad_(True)
-        leaves.append(leaf)
-        views.append(leaf.view(batch, seq, h, dim).transpose(1, 2) if layout == "bshd" else leaf)
-        g = awkward((batch, seq, h, dim) if layout == "bshd" else (batch, h, seq, dim), seed=20 + i).to(dtype)
-        grads.append(g.transpose(1, 2) if layout == "bshd" else g)
+def rope_case(f, batch, cos_rows, heads, kv, seq, dim, layout, dtype=torch.float32, grads="spread"):
+    """f's q and k embeddings, the gradients of the projections' outputs, and the layouts of the gradients q and k
+    are handed. q and k laid out (batch, seq, heads * dim) as HF's attention views a projection's output, or as
+    slices of one fused output (at a storage offset), or (batch, heads, seq, dim) contiguous; the output gradients
+    spread values laid out alike, or a sum's (expanded: stride 0), or none for k (its output unread)."""
+    widths = (heads * dim, kv * dim)
+    if layout == "fused":
+        leaves = [awkward((batch, seq, sum(widths)), seed=10).to(dtype).requires_grad_(True)]
+        parts = [leaves[0][..., :widths[0]], leaves[0][..., widths[0]:]]
+    else:
+        shapes = [(batch, seq, w) if layout == "bshd" else (batch, w // dim, seq, dim) for w in widths]
+        leaves = [awkward(shape, seed=10 + i).to(dtype).requires_grad_(True) for i, shape in enumerate(shapes)]
+        parts = leaves
+    views = [x.view(batch, seq, w // dim, dim).transpose(1, 2) if x.dim() == 3 else x for x, w in zip(parts, widths)]
+    strides = {}
+    for i, v in enumerate(views):
+        v.register_hook(lambda g, i=i: strides.update({i: g.stride()} if g is not None else {}))
     cos, sin = (awkward((cos_rows, seq, dim), seed=30 + i).to(dtype) for i in range(2))
     outs = f(*views, cos, sin)
-    torch.autograd.backward(outs, grads)
-    return [o.detach() for o in outs] + [leaf.grad for leaf in leaves], [o.stride() for o in outs]
+    if grads == "sum":
+        (outs[0].sum() + outs[1].sum()).backward()
+    elif grads == "q only":
+        outs[0].backward(awkward(outs[0].shape, seed=20).to(dtype))
+    else:
+        gs = [awkward(o.transpose(1, 2).shape, seed=20 + i).to(dtype).transpose(1, 2) if layout != "bhsd"
+              else awkward(o.shape, seed=20 + i).to(dtype) for i, o in enumerate(outs)]
+        torch.autograd.backward(outs, gs)
+    got = [o.detach() for o in outs] + [x.grad for x in leaves]
+    return got, [o.stride() for o in outs] + sorted(strides.items())
+
+
+def same_case(got, ref):
+    """rope_case's results alike: outputs and gradients bit for bit (a NaN's sign aside), and every layout."""
+    (values, layouts), (ref_values, ref_layouts) = got, ref
+    return layouts == ref_layouts and len(values) == len(ref_values) and all(
+        (a is None and b is None) or (a is not None and b is not None and same_bits(a, b))
+        for a, b in zip(values, ref_values))
 
 
 @pytest.mark.parametrize("batch,cos_rows,heads,kv,seq,dim", [(3, 3, 4, 2, 7, 16), (3, 1, 4, 2, 7, 16),
                                                             (2, 2, 9, 3, 5, 64), (1, 1, 1, 1, 1, 16)])
-@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
-def test_compiled_rope_gives_the_bits_of_hfs_ops(batch, cos_rows, heads, kv, seq, dim, layout):
+@pytest.mark.parametrize("layout,grads", [("bshd", "spread"), ("bhsd", "spread"), ("fused", "spread"),
+                                          ("bshd", "sum"), ("bshd", "q only"), ("fused", "q only")])
+def test_compiled_rope_gives_the_bits_of_hfs_ops(batch, cos_rows, heads, kv, seq, dim, layout, grads):
     """Forward and backward over every rounding case `awkward` holds (signed zeros: autograd's sum with the slices'
-    zeros makes a -0 gradient +0), cos per example or broadcast, GQA's fewer k heads, both layouts of q and k; the
-    outputs laid out as HF's ops lay them out."""
+    zeros makes a -0 gradient +0), cos per example or broadcast, GQA's fewer k heads, q and k at a storage offset,
+    a sum's expanded gradient, an unread k; outputs and the gradients handed back laid out as HF's ops lay them
+    out (a norm after the projection, Qwen3's q_norm, sums its weight's gradient in that order)."""
     args = (batch, cos_rows, heads, kv, seq, dim, layout)
-    got, strides = rope_case(lambda *a: model._Rope.apply(*a), *args)
-    ref, ref_strides = rope_case(hf_rope(), *args)
-    assert strides == ref_strides
-    assert all(same_bits(a, b) for a, b in zip(got, ref))
+    assert same_case(rope_case(lambda *a: model._Rope.apply(*a), *args, grads=grads),
+                     rope_case(hf_rope(), *args, grads=grads))
 
 
 def test_compiled_rope_takes_only_hfs_function():
@@ -457,11 +479,10 @@ def test_compiled_rope_runs_hfs_ops_where_it_does_not_fit_or_is_off():
     func, args = funcs[0], (1, 1, 4, 2, 3, 16, "bshd")
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(kernels, "rope", None)  # the compiled pass would fail
-        bf16, _ = rope_case(func, *args, dtype=torch.bfloat16)
-        assert all(same_bits(a, b) for a, b in zip(bf16, rope_case(hf_rope(), *args, dtype=torch.bfloat16)[0]))
+        assert same_case(rope_case(func, *args, dtype=torch.bfloat16),
+                         rope_case(hf_rope(), *args, dtype=torch.bfloat16))
         func.compiled = False
-        off, _ = rope_case(func, *args)
-    assert all(same_bits(a, b) for a, b in zip(off, rope_case(hf_rope(), *args)[0]))
+        assert same_case(rope_case(func, *args), rope_case(hf_rope(), *args))
 
 
 @pytest.mark.parametrize("extra,calls", [  # tiny_llama: 4 layers; q and k a call each, forward and backward
