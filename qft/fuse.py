@@ -39,6 +39,7 @@ from torch.autograd.function import once_differentiable
 
 from qft import layers as L
 from qft import quant
+from qft.model import same_bits, spread
 
 
 class _Member(torch.autograd.Function):
@@ -272,21 +273,14 @@ def _in_halves(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> t
     return out.view(*a.shape[:-1], w.shape[0])
 
 
-def _same_bits(x: torch.Tensor, y: torch.Tensor) -> bool:
-    as_int = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-    return x.dtype == y.dtype and x.shape == y.shape and torch.equal(x.view(as_int[x.element_size()]),
-                                                                     y.view(as_int[y.element_size()]))
-
-
 def _halves_pay(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, whole: torch.Tensor) -> bool:
     """Whether two blocks of rows give the whole's very bits, on the call's own operands and on operands whose
     partial sums cancel (values spread over 2^-12..2^12: another order of summation then shows in most outputs, where
     in bf16 from plain operands it may round away), and then whether they are faster."""
     g = torch.Generator().manual_seed(0)
-    spread = [torch.randn(t.shape, generator=g).mul_(torch.randint(-12, 13, t.shape, generator=g).exp2()).to(t.dtype)
-              for t in (a, w)]
-    return (_same_bits(_in_halves(a, w, bias), whole)
-            and _same_bits(_in_halves(*spread, bias), F.linear(*spread, bias)) and _faster(a, w, bias))
+    cancelling = [spread(t.shape, g).to(t.dtype) for t in (a, w)]
+    return (same_bits(_in_halves(a, w, bias), whole)
+            and same_bits(_in_halves(*cancelling, bias), F.linear(*cancelling, bias)) and _faster(a, w, bias))
 
 
 def _faster(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> bool:

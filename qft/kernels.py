@@ -31,6 +31,7 @@ import torch
 from numba import prange, types
 from numba.extending import intrinsic, overload
 
+_WARMED: list = []  # not empty once warm() has run the loops
 _JIT = dict(cache=True, nogil=True, parallel=True, boundscheck=False, fastmath=False)
 LOOPS = ("drop", "undrop", "lora_sum", "lora_sum_grad", "random_bits", "rope")  # public (benchmarks/step_ops.py)
 
@@ -308,12 +309,16 @@ def random_bits(n: int) -> torch.Tensor | None:
 
 
 def warm() -> None:
-    """Compile every loop (or load numba's cached build) now, not inside a step, on as many threads as torch uses.
-    numba's OpenMP start-up sets the process's OpenMP thread count, torch's own included (the two share one libgomp
-    once torch has loaded it): torch's count is put back, and the record's `threads` stays true."""
+    """Compile every loop (or load numba's cached build) now, not inside a step, on as many threads as torch uses:
+    each switch's install calls it, and only a process's first call runs the loops; each sets numba's thread count
+    (the calling thread's) to torch's. numba's OpenMP start-up sets the process's OpenMP thread count, torch's own
+    included (the two share one libgomp once torch has loaded it): torch's count is put back, and the record's
+    `threads` stays true."""
     threads = torch.get_num_threads()
     numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
     torch.set_num_threads(threads)
+    if _WARMED:
+        return
     x, lanes, keep, back = torch.ones(64), torch.zeros(64, dtype=torch.int16), torch.empty(64, dtype=torch.bool), \
         torch.empty(64)
     for dtype in (torch.float32, torch.bfloat16):
@@ -329,3 +334,4 @@ def warm() -> None:
         rope(x.view(1, 2, 2, 16), x[:32].view(1, 2, 16), x[:32].view(1, 2, 16), back.view(1, 2, 2, 16), grad)
     with torch.random.fork_rng(devices=[]):  # the run's random stream untouched
         random_bits(1)
+    _WARMED.append(True)

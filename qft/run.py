@@ -63,6 +63,7 @@ def run(cfg, run_dir: Path, keys=None) -> dict:
         t_load = time.time()
         built = build(cfg, source, torch.device("cpu") if stage_plan else device)  # a stage moves its own layers
         rec["load_seconds"] = time.time() - t_load
+        rec["execution"].update(built.ran)
         rec.update(_train_and_score(cfg, run_dir, config_hash, task, tokenizer, built, device, tracker, stage_plan,
                                     rec["execution"]))
     except BaseException as e:
@@ -103,6 +104,7 @@ class Built:
     plan: dict
     params: dict
     base_bytes: dict
+    ran: dict
 
 
 def build(cfg, source: model.Source, device: torch.device) -> Built:
@@ -118,18 +120,22 @@ def build(cfg, source: model.Source, device: torch.device) -> Built:
     bits = quant.quantize(net, cfg.quant, projections, device, cached)
     base_bytes = quant.base_bytes(net, projections)
     net, plan = adapter.attach(net, cfg.adapter, projections, layers.architecture(source.model_type).shared_input)
-    if cfg.train.get("compiled_masks", False) and device.type == "cpu":  # the loops are CPU code
-        adapter.compile_masks(net)
-    if cfg.train.get("compiled_rope", False) and device.type == "cpu":
-        model.compile_rope(net)
+    cpu = device.type == "cpu"  # the compiled loops are CPU code
+    # the record's execution switches as they ran: on where the config asks, the device is the CPU and the switch
+    # found something to change (no numba, no dropout, a refused rotary form: off)
+    ran = dict.fromkeys(("compiled_masks", "compiled_rope", "compiled_sums", "split_rows"), False)
+    if cfg.train.get("compiled_masks", False) and cpu:
+        ran["compiled_masks"] = bool(adapter.compile_masks(net))
+    if cfg.train.get("compiled_rope", False) and cpu:
+        ran["compiled_rope"] = bool(model.compile_rope(net))
     if cfg.train.get("fuse_projections", False):
         fuse.install(net, projections, source.model_type)
-        if cfg.train.get("compiled_sums", False) and device.type == "cpu":
-            fuse.compile_sums(net)
-        if cfg.train.get("split_rows", False) and device.type == "cpu":
-            fuse.split_rows(net)
+        if cfg.train.get("compiled_sums", False) and cpu:
+            ran["compiled_sums"] = bool(fuse.compile_sums(net))
+        if cfg.train.get("split_rows", False) and cpu:
+            ran["split_rows"] = bool(fuse.split_rows(net))
     depth_groups = {g: tuple(v["layers"]) for g, v in (cfg.adapter.depth_groups or {}).items()} or None
-    return Built(net, projections, bits, plan, adapter.count(plan, projections, depth_groups), base_bytes)
+    return Built(net, projections, bits, plan, adapter.count(plan, projections, depth_groups), base_bytes, ran)
 
 
 def _train_and_score(cfg, run_dir: Path, config_hash: str, task, tokenizer, built: Built, device, tracker,

@@ -349,11 +349,32 @@ def test_every_public_loop_is_listed_for_the_step_table():
     assert public - {"warm"} == set(kernels.LOOPS)
 
 
-def test_warm_leaves_torchs_random_stream_where_it_was():
+def test_warm_leaves_torchs_random_stream_where_it_was(monkeypatch):
+    monkeypatch.setattr(kernels, "_WARMED", [])  # warm as at a process's first call
     torch.manual_seed(3)
     before = torch.get_rng_state()
     kernels.warm()
     assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_warm_runs_the_loops_once_and_sets_numbas_threads_each_call(monkeypatch):
+    """Each switch's install calls warm: only the first call runs the loops, and every call gives numba torch's
+    thread count (where numba has that many), torch's own left as it was."""
+    import numba
+
+    monkeypatch.setattr(kernels, "_WARMED", [])
+    calls = []
+    monkeypatch.setattr(kernels, "random_bits", lambda n: calls.append(n))
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 2, 1):
+            torch.set_num_threads(count)
+            kernels.warm()
+            assert (torch.get_num_threads(), numba.get_num_threads()) == (count, min(count, numba.config.NUMBA_NUM_THREADS))
+    finally:
+        torch.set_num_threads(threads)
+        kernels.warm()
+    assert len(calls) == 1
 
 
 def test_random_bits_leave_draws_off_the_main_thread_to_torchs_kernel():

@@ -285,6 +285,26 @@ def test_record_keeps_per_example_scores_and_what_executed_it(tmp_path):
     assert len(set(test["id"])) == 15
     e = rec["execution"]
     assert e["threads"] == torch.get_num_threads() and e["compute_dtype"] in ("bf16", "fp32") and e["cpu_kind"]
+    # the execution switches, on by default and each finding work in the tiny llama (numba is a test dependency)
+    assert all(e[k] is True for k in ("compiled_masks", "compiled_rope", "compiled_sums", "split_rows"))
+
+
+@pytest.mark.parametrize("overrides,off", [
+    (["adapter.dropout=0.0"], {"compiled_masks"}),  # no mask to compile
+    (["train.compiled_rope=false", "train.compiled_sums=false"], {"compiled_rope", "compiled_sums"}),
+    (["train.fuse_projections=false"], {"compiled_sums", "split_rows"}),  # no fused groups
+    (["refused rope"], {"compiled_rope"}),
+])
+def test_the_record_says_which_execution_switches_ran(overrides, off, monkeypatch):
+    """A switch on in the config records true only where it changed something: a rotary form the probe refuses, no
+    dropout or no fused groups leave it off, and the record says so."""
+    from qft import model
+
+    if overrides == ["refused rope"]:
+        monkeypatch.setattr(model, "_rope_is_hfs", lambda func: False)
+        overrides = []
+    ran = build(*overrides)[2].ran
+    assert ran == {k: k not in off for k in ("compiled_masks", "compiled_rope", "compiled_sums", "split_rows")}
 
 
 def test_learning_curve_records_val_accuracy_and_gold_loglik(tmp_path):
@@ -293,3 +313,39 @@ def test_learning_curve_records_val_accuracy_and_gold_loglik(tmp_path):
     assert all(v < 0 for _, v in rec["val_loglik_curve"])  # log-likelihoods of the gold label
     # the curve's last point is the model after step 4; the final score is after step 6: both from one scorer
     assert rec["val_curve"][-1][1] * 10 == round(rec["val_curve"][-1][1] * 10)  # k of the 10 val examples
+
+
+def test_adamw_and_clipping_in_foreach_form_give_the_per_tensor_loops_bits():
+    """make_optimizer's AdamW and train.clip run torch's foreach forms on the CPU, where torch's default is a loop per
+    tensor: the same parameters, bit for bit, over steps that clip and steps that do not, with spread gradients, a
+    zero one and a missing one (a frozen A waits for B)."""
+    from qft.model import same_bits, spread
+
+    cfg = make_cfg().train
+    g = torch.Generator().manual_seed(0)
+    shapes = [(8, 576), (576, 8), (192, 8), (8, 1536), (3,)]
+    start = [spread(s, g) for s in shapes]
+    grads = [[spread(s, g) * scale for s in shapes] for scale in (1e-7, 1.0, 1e-7)]
+    for step in grads:
+        step[2].zero_()
+        step[3] = None
+    got = []
+    for foreach in (False, True):
+        params = [torch.nn.Parameter(t.clone()) for t in start]
+        kwargs = dict(lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.999))
+        opt = train.make_optimizer(cfg, params) if foreach else torch.optim.AdamW(params, foreach=False, **kwargs)
+        clip = train.clip if foreach else lambda p, m: torch.nn.utils.clip_grad_norm_(p, m, foreach=False)
+        norms = []
+        for step in grads:
+            for p, grad in zip(params, step):
+                p.grad = None if grad is None else grad.clone()
+            norms.append(clip(params, 1.0))
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        got.append((params, norms))
+    assert train.make_optimizer(cfg, [torch.nn.Parameter(torch.zeros(1))]).defaults["foreach"] is True
+    (loop, loop_norms), (fe, fe_norms) = got
+    assert [n.item() > 1.0 for n in loop_norms] == [False, True, False]  # the middle step clips
+    assert all(same_bits(a, b) for a, b in zip(loop_norms, fe_norms))
+    assert all(same_bits(a.detach(), b.detach()) for a, b in zip(loop, fe))
+    assert not same_bits(loop[0].detach(), start[0])
