@@ -220,9 +220,9 @@ def load_checkpoint(folder: Path, model, opt, sched, config_hash: str, strict: b
 
 # --------------------------------------------------------------------------- the loop
 
-def clip(params, max_norm: float) -> torch.Tensor:
+def clip(params, max_norm: float, foreach: bool = True) -> torch.Tensor:
     """clip_grad_norm_ in its foreach form on the CPU too (make_optimizer): the same bits."""
-    return torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
+    return torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=foreach)
 
 
 def finish_step(history: History, params, opt, sched, mean: float, tokens: int, t0: float, max_grad_norm,
