@@ -1,14 +1,11 @@
 """An execution switch on against off, in one process (`--loops masks`: `train.compiled_masks`; `sums`:
-`train.compiled_sums`; `rope`: `train.compiled_rope`; `rows`: `train.split_rows`, no compiled loop; `foreach`:
-AdamW and clipping in torch's foreach form, as qft.train runs them, against torch's CPU default, a loop per
-tensor): steps alternate between the two on the same
+`train.compiled_sums`; `rope`: `train.compiled_rope`; `rows`: `train.split_rows`, no compiled loop): steps alternate between the two on the same
 model, batches and memory state, so the machine's drift between processes (5-10% on these VMs) falls on both alike.
 
     python benchmarks/compiled.py                                                   # masks; 12 steps each, after 2
     python benchmarks/compiled.py --loops sums quant.attention_dtype=fp32 quant.cache_dequantized=true
     python benchmarks/compiled.py --loops rows quant.attention_dtype=fp32 quant.cache_dequantized=true
     python benchmarks/compiled.py --loops rope
-    python benchmarks/compiled.py --loops foreach quant.attention_dtype=fp32 quant.cache_dequantized=true
 
 The workload is `speed.py`'s (SmolLM2-135M, BBC News, batch 16 x 64, its lr and dropout); a step is the training
 step of `step_ops.py` (answer loss, backward, clipping, AdamW). The other switches stay as the config sets them. The
@@ -48,8 +45,6 @@ NEEDS = {
     "rope": ("train.compiled_rope", lambda cfg: True, "", "compiled"),
     "rows": ("train.fuse_projections", _fused,
              "the row blocks run in fused groups: needs train.fuse_projections=true", "split_rows"),
-    "foreach": ("train.optimizer", lambda cfg: cfg.train.optimizer == "adamw",
-                "the foreach form is torch's AdamW's: needs train.optimizer=adamw", "foreach"),
 }
 
 
@@ -75,7 +70,7 @@ def main() -> None:
         raise QftError(key, OmegaConf.select(cfg, key), allowed)
     net, step = step_ops.workload(cfg)
     switched = {"masks": adapter.compile_masks, "sums": fuse.compile_sums, "rope": model.compile_rope,
-                "rows": fuse.split_rows, "foreach": lambda net: step.optimizer.param_groups}[a.loops](net)
+                "rows": fuse.split_rows}[a.loops](net)
     if not switched and attr == "compiled":
         import importlib.util
 
@@ -86,10 +81,7 @@ def main() -> None:
     for i in range(n):
         on = i % 2 == 0
         for m in switched:
-            if isinstance(m, dict):  # an optimizer's parameter group
-                m[attr] = on
-            else:
-                setattr(m, attr, on)
+            setattr(m, attr, on)
         t = time.perf_counter()
         step(i)
         if i >= a.warmup:

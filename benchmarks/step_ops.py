@@ -91,12 +91,10 @@ def workload(cfg):
         loss, answer_tokens, _ = train.answer_loss(net, [split.prompts[j] for j in idx],
                                                    [split.answers[j] for j in idx], tokenizer.pad_token_id, dtype)
         (loss / answer_tokens).backward()
-        # clipping in the optimizer's form, foreach or a loop per tensor (`compiled.py --loops foreach` alternates it)
-        train.clip(params, cfg.train.max_grad_norm or math.inf, opt.param_groups[0]["foreach"])
+        torch.nn.utils.clip_grad_norm_(params, cfg.train.max_grad_norm or math.inf)
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    step.optimizer = opt
     return net, step
 
 

@@ -109,12 +109,9 @@ class History:
 
 
 def make_optimizer(cfg, params):
-    """AdamW; torch's on the CPU runs its foreach form, as it does by default on CUDA: the same bits (tested), one
-    call per update over every tensor where its default on the CPU is a Python loop per tensor (the 420 LoRA
-    tensors of SmolLM2: 35 ms a step with `clip`'s loop, 21 ms with both in foreach form; benchmarks/README.md)."""
     kwargs = dict(lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.999))
     if cfg.optimizer == "adamw":
-        return torch.optim.AdamW(params, foreach=True, **kwargs)
+        return torch.optim.AdamW(params, **kwargs)
     import bitsandbytes as bnb
 
     return (bnb.optim.AdamW8bit if cfg.optimizer == "adamw8bit" else bnb.optim.PagedAdamW8bit)(params, **kwargs)
@@ -220,13 +217,8 @@ def load_checkpoint(folder: Path, model, opt, sched, config_hash: str, strict: b
 
 # --------------------------------------------------------------------------- the loop
 
-def clip(params, max_norm: float, foreach: bool = True) -> torch.Tensor:
-    """clip_grad_norm_ in its foreach form on the CPU too (make_optimizer): the same bits."""
-    return torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=foreach)
-
-
 def finish_step(history: History, params, opt, sched, mean: float, tokens: int, t0: float, max_grad_norm,
-                bar, clip=clip) -> None:
+                bar, clip=torch.nn.utils.clip_grad_norm_) -> None:
     """Everything after the backward passes of a step, shared by one process and a pipeline stage (which
     clips by the norm across all stages): NaN check, clipping, AdamW and schedule step, history, progress."""
     if not math.isfinite(mean):

@@ -100,7 +100,7 @@ def measure_step(net, train_cfg, micro_batches: list, pad_id: int, dtype: torch.
             (loss / n_answer).backward()
             del loss
         if train_cfg.max_grad_norm:
-            train.clip(params, train_cfg.max_grad_norm)
+            torch.nn.utils.clip_grad_norm_(params, train_cfg.max_grad_norm)
         opt.step()
         opt.zero_grad(set_to_none=True)
 
