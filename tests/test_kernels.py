@@ -370,7 +370,8 @@ def test_warm_runs_the_loops_once_and_sets_numbas_threads_each_call(monkeypatch)
         for count in (1, 2, 1):
             torch.set_num_threads(count)
             kernels.warm()
-            assert (torch.get_num_threads(), numba.get_num_threads()) == (count, min(count, numba.config.NUMBA_NUM_THREADS))
+            numbas = min(count, numba.config.NUMBA_NUM_THREADS)
+            assert (torch.get_num_threads(), numba.get_num_threads()) == (count, numbas)
     finally:
         torch.set_num_threads(threads)
         kernels.warm()

@@ -313,4 +313,3 @@ def test_learning_curve_records_val_accuracy_and_gold_loglik(tmp_path):
     assert all(v < 0 for _, v in rec["val_loglik_curve"])  # log-likelihoods of the gold label
     # the curve's last point is the model after step 4; the final score is after step 6: both from one scorer
     assert rec["val_curve"][-1][1] * 10 == round(rec["val_curve"][-1][1] * 10)  # k of the 10 val examples
-
