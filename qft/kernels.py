@@ -310,7 +310,7 @@ def random_bits(n: int) -> torch.Tensor | None:
 
 def warm() -> None:
     """Compile every loop (or load numba's cached build) now, not inside a step, on as many threads as torch uses:
-    each switch's install calls it, and only a process's first call runs the loops; each sets numba's thread count
+    each compiled switch's install (masks, sums, rope) calls it, and only a process's first call runs the loops; each sets numba's thread count
     (the calling thread's) to torch's. numba's OpenMP start-up sets the process's OpenMP thread count, torch's own
     included (the two share one libgomp once torch has loaded it): torch's count is put back, and the record's
     `threads` stays true."""

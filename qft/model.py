@@ -376,7 +376,7 @@ def same_bits(x: torch.Tensor, y: torch.Tensor) -> bool:
 
 def spread(shape, generator: torch.Generator) -> torch.Tensor:
     """fp32 values over 2^-12..2^12, whose partial sums cancel: another order of summation or rounding then shows in
-    most outputs, where from plain randn (or in bf16) it may round away. What the start-up probes of exact switches
+    most outputs, where from plain randn values (bf16 especially) it may round away. What the exact switches' probes
     compute on."""
     return torch.randn(shape, generator=generator).mul_(torch.randint(-12, 13, shape, generator=generator).exp2())
 

@@ -181,6 +181,11 @@ def _code_identity() -> dict:
 _CODE = _code_identity()
 
 
+# execution switches (train.*): here the config's ask; once a run has built its model, whether each was installed
+# (run.build)
+SWITCHES = ("compiled_masks", "compiled_sums", "compiled_rope", "split_rows")
+
+
 def execution(cfg) -> dict:
     """What executed a run, outside its hash: qft's code (commit, edits, source digest, as imported), the CPU and
     its kind, the thread count and the compute dtype. One comparison must not mix CPU kinds or compute dtypes."""
@@ -190,10 +195,7 @@ def execution(cfg) -> dict:
     return {**_CODE, "qft_version": versions_of(("qft",))["qft"], "cpu": cpu, "cpu_id": cpu_id(),
             "cpu_kind": kind, "threads": torch.get_num_threads(), "compute_dtype": cfg.quant.compute_dtype,
             "fuse_projections": bool(cfg.train.get("fuse_projections", False)),
-            "compiled_masks": bool(cfg.train.get("compiled_masks", False)),
-            "compiled_sums": bool(cfg.train.get("compiled_sums", False)),
-            "compiled_rope": bool(cfg.train.get("compiled_rope", False)),
-            "split_rows": bool(cfg.train.get("split_rows", False)), "torch": torch.__version__,
+            **{k: bool(cfg.train.get(k, False)) for k in SWITCHES}, "torch": torch.__version__,
             "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
 
 

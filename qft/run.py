@@ -61,7 +61,8 @@ def run(cfg, run_dir: Path, keys=None) -> dict:
         tracker = logger.make(cfg.logger, run_dir, cfg.experiment)
         tracker.params(record.flatten(rec["config"]))
         t_load = time.time()
-        built = build(cfg, source, torch.device("cpu") if stage_plan else device)  # a stage moves its own layers
+        # a stage moves its own layers to its device
+        built = build(cfg, source, torch.device("cpu") if stage_plan else device, trains_on=device)
         rec["load_seconds"] = time.time() - t_load
         rec["execution"].update(built.ran)
         rec.update(_train_and_score(cfg, run_dir, config_hash, task, tokenizer, built, device, tracker, stage_plan,
@@ -107,8 +108,9 @@ class Built:
     ran: dict
 
 
-def build(cfg, source: model.Source, device: torch.device) -> Built:
-    """Seed, load the base, quantize it per layer type and attach the adapters per layer type."""
+def build(cfg, source: model.Source, device: torch.device, trains_on: torch.device | None = None) -> Built:
+    """Seed, load the base, quantize it per layer type and attach the adapters per layer type; on `device`, for
+    training on `trains_on` (a pipeline's stages build on the CPU: default, `device`)."""
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
@@ -120,10 +122,10 @@ def build(cfg, source: model.Source, device: torch.device) -> Built:
     bits = quant.quantize(net, cfg.quant, projections, device, cached)
     base_bytes = quant.base_bytes(net, projections)
     net, plan = adapter.attach(net, cfg.adapter, projections, layers.architecture(source.model_type).shared_input)
-    cpu = device.type == "cpu"  # the compiled loops are CPU code
-    # the record's execution switches as they ran: on where the config asks, the device is the CPU and the switch
-    # found something to change (no numba, no dropout, a refused rotary form: off)
-    ran = dict.fromkeys(("compiled_masks", "compiled_rope", "compiled_sums", "split_rows"), False)
+    cpu = (trains_on or device).type == "cpu"  # the compiled loops are CPU code
+    # the record's execution switches as installed: where the config asks, training is on the CPU and the switch
+    # found something to change (no numba, no fast masks, no fused groups, a refused rotary form: off)
+    ran = dict.fromkeys(record.SWITCHES, False)
     if cfg.train.get("compiled_masks", False) and cpu:
         ran["compiled_masks"] = bool(adapter.compile_masks(net))
     if cfg.train.get("compiled_rope", False) and cpu:

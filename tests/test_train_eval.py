@@ -3,7 +3,7 @@ from pathlib import Path
 
 import torch
 
-from qft import evaluate, record, run, train
+from qft import evaluate, model, record, run, train
 from conftest import TINY_DATA, build, make_cfg
 
 
@@ -285,8 +285,14 @@ def test_record_keeps_per_example_scores_and_what_executed_it(tmp_path):
     assert len(set(test["id"])) == 15
     e = rec["execution"]
     assert e["threads"] == torch.get_num_threads() and e["compute_dtype"] in ("bf16", "fp32") and e["cpu_kind"]
-    # the execution switches, on by default and each finding work in the tiny llama (numba is a test dependency)
-    assert all(e[k] is True for k in ("compiled_masks", "compiled_rope", "compiled_sums", "split_rows"))
+    # the execution switches, on by default and each installed in the tiny llama (numba is a test dependency)
+    assert all(e[k] is True for k in record.SWITCHES)
+
+
+def test_a_run_records_a_switch_that_found_nothing_to_change_as_off(tmp_path):
+    rec = run.run(make_cfg(*[o for o in RUN if not o.startswith("adapter.dropout")], "adapter.dropout=0.0"), tmp_path)
+    assert rec["status"] == "ok" and rec["config"]["train"]["compiled_masks"] is True
+    assert {k: rec["execution"][k] for k in record.SWITCHES} == {k: k != "compiled_masks" for k in record.SWITCHES}
 
 
 @pytest.mark.parametrize("overrides,off", [
@@ -295,16 +301,24 @@ def test_record_keeps_per_example_scores_and_what_executed_it(tmp_path):
     (["train.fuse_projections=false"], {"compiled_sums", "split_rows"}),  # no fused groups
     (["refused rope"], {"compiled_rope"}),
 ])
-def test_the_record_says_which_execution_switches_ran(overrides, off, monkeypatch):
-    """A switch on in the config records true only where it changed something: a rotary form the probe refuses, no
-    dropout or no fused groups leave it off, and the record says so."""
-    from qft import model
-
+def test_build_reports_which_execution_switches_it_installed(overrides, off, monkeypatch):
+    """A switch on in the config counts only where it was installed: a rotary form the probe refuses, no dropout or
+    no fused groups leave it off (what a run's record then says), as does training elsewhere than on the CPU."""
     if overrides == ["refused rope"]:
         monkeypatch.setattr(model, "_rope_is_hfs", lambda func: False)
         overrides = []
     ran = build(*overrides)[2].ran
-    assert ran == {k: k not in off for k in ("compiled_masks", "compiled_rope", "compiled_sums", "split_rows")}
+    assert ran == {k: k not in off for k in record.SWITCHES}
+
+
+def test_build_for_training_elsewhere_installs_no_cpu_switch():
+    """A pipeline's stages build on the CPU and train on their GPUs: the CPU loops are not installed there."""
+    cfg = make_cfg()
+    source = model.resolve(cfg.model, cfg.cache_dir)
+    built = run.build(cfg, source, torch.device("cpu"), trains_on=torch.device("cuda"))
+    assert built.ran == dict.fromkeys(record.SWITCHES, False)
+    assert not any(getattr(m, "compiled", False) for m in built.model.modules())
+    assert built.model._qft_fused and not any(g.compiled or g.split_rows for g in built.model._qft_fused)
 
 
 def test_learning_curve_records_val_accuracy_and_gold_loglik(tmp_path):
