@@ -310,10 +310,10 @@ def random_bits(n: int) -> torch.Tensor | None:
 
 def warm() -> None:
     """Compile every loop (or load numba's cached build) now, not inside a step, on as many threads as torch uses:
-    each compiled switch's install (masks, sums, rope) calls it, and only a process's first call runs the loops; each sets numba's thread count
-    (the calling thread's) to torch's. numba's OpenMP start-up sets the process's OpenMP thread count, torch's own
-    included (the two share one libgomp once torch has loaded it): torch's count is put back, and the record's
-    `threads` stays true."""
+    each compiled switch's install (masks, sums, rope) calls it, and only a process's first call runs the loops; each
+    call sets numba's thread count (the calling thread's) to torch's. numba's OpenMP start-up sets the process's
+    OpenMP thread count, torch's own included (the two share one libgomp once torch has loaded it): torch's count is
+    put back, and the record's `threads` stays true."""
     threads = torch.get_num_threads()
     numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
     torch.set_num_threads(threads)

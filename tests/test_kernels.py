@@ -160,7 +160,7 @@ def test_compiled_masks_is_an_execution_switch_outside_the_hash():
     assert len(adapter.compile_masks(built.model)) == 4 * 7
 
 
-def same_bits(a, b):
+def same_bits_but_nan(a, b):
     """Equal bits, NaNs in the same places (an inf - inf or a NaN's payload is not what is tested)."""
     finite = ~torch.isnan(b.float())
     return a.dtype == b.dtype and torch.equal(bits(a)[finite], bits(b)[finite]) and torch.equal(
@@ -178,7 +178,7 @@ def test_compiled_sum_gives_the_bits_of_pefts_sum(y_dtype, h_dtype, dtype, scale
     h = awkward((3, 7, 40), seed=4).to(h_dtype)  # one member's LoRA output
     for lo in (0, 17, 56):
         ref = y[..., lo:lo + 40].to(dtype) + h * scale  # peft: result + lora_B(...) * scaling, result in x's dtype
-        assert same_bits(kernels.lora_sum(y, lo, h, scale, dtype), ref)
+        assert same_bits_but_nan(kernels.lora_sum(y, lo, h, scale, dtype), ref)
     empty = kernels.lora_sum(y[:0], 0, h[:0], scale, dtype)  # no rows: torch's empty result
     assert empty.shape == (0, 7, 40) and empty.dtype == dtype
 
@@ -189,7 +189,7 @@ def test_compiled_sum_gradient_gives_the_bits_of_pefts_nodes(scale):
     frozen, lora = kernels.lora_sum_grad(grad, scale)
     # the add node hands the bf16 branch its gradient cast to bf16, the multiply scales it in bf16, and the frozen
     # matmul's backward casts the same gradient again
-    assert same_bits(frozen, grad.to(torch.bfloat16)) and same_bits(lora, grad.to(torch.bfloat16) * scale)
+    assert same_bits_but_nan(frozen, grad.to(torch.bfloat16)) and same_bits_but_nan(lora, grad.to(torch.bfloat16) * scale)
 
 
 def run_model(*overrides):
@@ -454,7 +454,7 @@ def same_case(got, ref):
     """rope_case's results alike: outputs and gradients bit for bit (a NaN's sign aside), and every layout."""
     (values, layouts), (ref_values, ref_layouts) = got, ref
     return layouts == ref_layouts and len(values) == len(ref_values) and all(
-        (a is None and b is None) or (a is not None and b is not None and same_bits(a, b))
+        (a is None and b is None) or (a is not None and b is not None and same_bits_but_nan(a, b))
         for a, b in zip(values, ref_values))
 
 
