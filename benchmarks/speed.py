@@ -98,6 +98,14 @@ def one_source(sources: list[str | None], name: str) -> None:
                          f"{name}.json records them, but its ratios are no comparison of one code")
 
 
+def paired_ratios(runs: list[dict], key: str, kind: str = "qft", over: str = "baseline") -> list[float]:
+    """`kind`'s value over `over`'s within each repetition `kind` ran in, in order: runs next to each other in time
+    share the host's pace, which on these VMs drifts by up to 1.7x within an hour, so the spread of these ratios says
+    how much one invocation's ratio of medians can be trusted."""
+    by = {(r["rep"], r["kind"]): r[key] for r in runs}
+    return [by[rep, kind] / by[rep, over] for rep in sorted(r["rep"] for r in runs if r["kind"] == kind)]
+
+
 def steady(tokens: int, step_ends: list[float]) -> float:
     """Tokens/s once running: a step's mean tokens over the median time between consecutive step ends, the first
     step (lazy initialisation, first touch of the activations' memory) left out. What a long run sees. The median
@@ -301,7 +309,7 @@ def main() -> None:
                    "--steps", str(a.steps), "--batch", str(a.batch), "--seq", str(a.seq), "--test", str(a.test),
                    "--baseline-dtype", a.baseline_dtype, *[x for o in a.also for x in ("--also", o)], *a.qft_overrides]
             subprocess.run(cmd, check=True, env=env, cwd=ROOT)
-            runs.append(json.loads(js.read_text()))
+            runs.append({**json.loads(js.read_text()), "rep": rep})
             js.unlink()
             print(json.dumps(runs[-1]), flush=True)
     for d in ceiling:
@@ -317,12 +325,15 @@ def main() -> None:
     summary["qft_sweep_freeze_seconds"] = med("qft", "sweep_freeze_seconds")  # once, after a process's first run
     for k in keys:
         summary[k]["ratio_qft_over_baseline"] = summary[k]["qft"] / summary[k]["baseline"]
+        summary[k]["ratio_qft_over_baseline_per_rep"] = paired_ratios(runs, k)
         if a.unfused:
             summary[k]["qft_unfused"] = med("qft_unfused", k)
             summary[k]["ratio_qft_over_unfused"] = summary[k]["qft"] / summary[k]["qft_unfused"]
+            summary[k]["ratio_qft_over_unfused_per_rep"] = paired_ratios(runs, k, "qft", "qft_unfused")
         if a.also:
             summary[k]["qft_also"] = med("qft_also", k)
             summary[k]["ratio_qft_also_over_qft"] = summary[k]["qft_also"] / summary[k]["qft"]
+            summary[k]["ratio_qft_also_over_qft_per_rep"] = paired_ratios(runs, k, "qft_also", "qft")
     q = [r for r in runs if r["kind"] == "qft"]
     tokens_per_step = statistics.median(r["train_tokens"] / a.steps for r in q)
     flops = useful_flops_per_step(a, tokens_per_step, a.batch * 1.2)  # BBC label words: 1.2 tokens on average

@@ -22,6 +22,18 @@ def test_steady_rate_leaves_the_first_step_out_and_takes_the_median_step():
         speed.steady(1000, [10.0])  # one step has no steady rate
 
 
+def test_paired_ratios_divide_within_each_repetition_in_order():
+    """The host's pace drifts between repetitions: a rep's qft run is divided by that rep's stock run, not by the
+    other rep's, whichever order the runs were listed in."""
+    runs = [{"rep": 1, "kind": "baseline", "tps": 300.0}, {"rep": 0, "kind": "qft", "tps": 400.0},
+            {"rep": 0, "kind": "qft_also", "tps": 500.0}, {"rep": 0, "kind": "baseline", "tps": 200.0},
+            {"rep": 1, "kind": "qft", "tps": 600.0}]
+    assert speed.paired_ratios(runs, "tps") == [2.0, 2.0]
+    assert speed.paired_ratios(runs, "tps", "qft_also", "qft") == [1.25]  # rep 1 has no qft_also run
+    with pytest.raises(KeyError):
+        speed.paired_ratios(runs[1:], "tps")  # rep 1 lost its stock run: no silent pairing with rep 0's
+
+
 def test_an_invocation_whose_qft_runs_read_different_sources_says_so():
     """The checkout edited between two qft runs (a session editing qft/ beside a benchmark did, twice): each run's
     record names the source it imported, and the invocation lists them all; the stock recipe's runs have none."""
