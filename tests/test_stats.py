@@ -1,4 +1,5 @@
 """qft.stats against scipy, statsmodels and hand computation, and its intervals' coverage in simulated studies."""
+import json
 import math
 import subprocess
 import sys
@@ -142,6 +143,31 @@ def test_power_cli_on_records_without_per_example_scores():
         bad = subprocess.run([sys.executable, "-m", "qft.tools.power", *args], cwd=ROOT, capture_output=True, text=True,
                              timeout=120)
         assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [f"qft.tools.power: error: {line}"]
+
+
+def test_power_refuses_to_pool_records_of_two_run_kinds(tmp_path):
+    """A study's pilot restarted on another CPU (finding 2's did): pointed at a folder holding both, the planner would
+    pool their variance components; it names the kinds and stops instead, and one kind's records still plan."""
+    import shutil
+
+    from qft.tools import power
+
+    src = sorted((ROOT / "results/rank_sweep_r8_format2/runs").glob("adapter.attn.r=8,adapter.mlp.r=8,*"))[:2]
+    for d in src:
+        shutil.copytree(d, tmp_path / "amx" / d.name)
+    moved = tmp_path / "amx" / src[0].name / "result.json"
+    rec = json.loads(moved.read_text())
+    rec["execution"] = {**rec["execution"], "cpu": "Intel(R) Xeon(R) Processor", "cpu_kind": "amx_bf16"}
+    moved.write_text(json.dumps(rec))
+    bad = subprocess.run([sys.executable, "-m", "qft.tools.power", str(tmp_path)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    kinds = sorted(power.frame.run_kind(json.loads((d / "result.json").read_text())["execution"],
+                                        json.loads((d / "result.json").read_text()).get("versions"))
+                   for d in (tmp_path / "amx").iterdir())
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
+        f"qft.tools.power: error: RECORDS='{tmp_path}': records of one run kind (what one comparison must not mix: CPU, "
+        f"threads, compute dtype, torch); these hold 2: {' / '.join(kinds)}"], bad.stderr
+    assert len(power.runs([src[1].parent])) == 27  # the untouched folder, one kind: no error
 
 
 def test_power_cli_simulates_the_reports_own_test_at_the_chosen_seeds():
