@@ -150,6 +150,7 @@ def test_power_refuses_to_pool_records_of_two_run_kinds(tmp_path):
     pool their variance components; it names the kinds and stops instead, and one kind's records still plan."""
     import shutil
 
+    from qft import frame
     from qft.tools import power
 
     src = sorted((ROOT / "results/rank_sweep_r8_format2/runs").glob("adapter.attn.r=8,adapter.mlp.r=8,*"))[:2]
@@ -161,9 +162,8 @@ def test_power_refuses_to_pool_records_of_two_run_kinds(tmp_path):
     moved.write_text(json.dumps(rec))
     bad = subprocess.run([sys.executable, "-m", "qft.tools.power", str(tmp_path)], cwd=ROOT, capture_output=True,
                          text=True, timeout=120)
-    kinds = sorted(power.frame.run_kind(json.loads((d / "result.json").read_text())["execution"],
-                                        json.loads((d / "result.json").read_text()).get("versions"))
-                   for d in (tmp_path / "amx").iterdir())
+    recs = [json.loads((d / "result.json").read_text()) for d in (tmp_path / "amx").iterdir()]
+    kinds = sorted(frame.run_kind(r["execution"], r.get("versions")) for r in recs)
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
         f"qft.tools.power: error: RECORDS='{tmp_path}': records of one run kind (what one comparison must not mix: CPU, "
         f"threads, compute dtype, torch); these hold 2: {' / '.join(kinds)}"], bad.stderr
