@@ -189,7 +189,8 @@ def test_compiled_sum_gradient_gives_the_bits_of_pefts_nodes(scale):
     frozen, lora = kernels.lora_sum_grad(grad, scale)
     # the add node hands the bf16 branch its gradient cast to bf16, the multiply scales it in bf16, and the frozen
     # matmul's backward casts the same gradient again
-    assert same_bits_but_nan(frozen, grad.to(torch.bfloat16)) and same_bits_but_nan(lora, grad.to(torch.bfloat16) * scale)
+    assert same_bits_but_nan(frozen, grad.to(torch.bfloat16))
+    assert same_bits_but_nan(lora, grad.to(torch.bfloat16) * scale)
 
 
 def run_model(*overrides):

@@ -303,7 +303,7 @@ def test_a_run_records_a_switch_that_found_nothing_to_change_as_off(tmp_path):
 ])
 def test_build_reports_which_execution_switches_it_installed(overrides, off, monkeypatch):
     """A switch on in the config counts only where it was installed: a rotary form the probe refuses, no dropout or
-    no fused groups leave it off (what a run's record then says), as does training elsewhere than on the CPU."""
+    no fused groups leave it off (what a run's record then says; training off the CPU: the next test)."""
     if overrides == ["refused rope"]:
         monkeypatch.setattr(model, "_rope_is_hfs", lambda func: False)
         overrides = []
