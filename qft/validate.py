@@ -25,6 +25,7 @@ def validate(cfg, depth: int | None = None, planning: bool = False, files: bool 
     text("cache_dir", cfg.cache_dir, "a folder for converted models and tokenized data")
     integer("seed", cfg.seed, 0, 2**32 - 1)  # numpy's seed range
     boolean("sweep.force", cfg.sweep.force)
+    boolean("sweep.blind", cfg.sweep.get("blind", False))
     dev = device(cfg, planning)
     model.check(cfg.model, files)
     budget.check(cfg.budget)

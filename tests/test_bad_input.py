@@ -63,6 +63,7 @@ CASES = [
     ("train.gradient_checkpointing=no", "train.gradient_checkpointing"),
     ("train.zero_shot=no", "train.zero_shot"),
     ("sweep.force=no", "sweep.force"),
+    ("sweep.blind=maybe", "sweep.blind"),
     ("train.resume=1", "train.resume"),
     ("train.max_grad_norm=-1", "train.max_grad_norm"),
     ("train.weight_decay=-0.1", "train.weight_decay"),

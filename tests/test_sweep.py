@@ -52,8 +52,9 @@ def test_a_failing_run_does_not_stop_the_sweep_and_only_it_is_redone(tmp_path):
     assert recs[bad]["status"] == "failed" and "adapter.attn.r" in recs[bad]["error"]
     assert recs[good]["status"] == "ok"
     mtime = {k: (tmp_path / k / "result.json").stat().st_mtime_ns for k in (good, bad)}
-    again = sweep(tmp_path, "adapter.attn.r=4,-1", "adapter.mlp.r=4")
+    again = sweep(tmp_path, "adapter.attn.r=4,-1", "adapter.mlp.r=4", "sweep.blind=true")  # same folders and hash
     assert f"{tmp_path / good} already holds an ok record" in again.stdout
+    assert "scores withheld" in again.stdout and "accuracy" not in again.stdout + again.stderr
     assert f"{tmp_path / bad} already holds" not in again.stdout
     assert (tmp_path / good / "result.json").stat().st_mtime_ns == mtime[good]  # skipped
     assert (tmp_path / bad / "result.json").stat().st_mtime_ns > mtime[bad]  # redone
