@@ -146,6 +146,7 @@ SOURCES = {
 }
 TASKS = ("classification", "instruction")
 STRATIFY = ("balanced", "proportional")
+TEST_STREAMS = ("shared", "own")  # an official test split's draw: from the split's one seeded stream, or its own
 # The version of what `prepare` makes from the raw data; it enters the tokenized-data cache key and every record's
 # config hash, so records made by an older version are recomputed, never reused.
 #   1: the text budget subtracted each example's own answer, so the prompt length told the gold label; repeats were
@@ -168,6 +169,7 @@ def check(cfg, files: bool = True) -> None:
         integer(f"data.{key}", cfg[key], 1)
     integer("data.max_length", cfg.max_length, 8)
     one_of("data.stratify", cfg.get("stratify", "balanced"), STRATIFY)
+    one_of("data.test_stream", cfg.get("test_stream", "shared"), TEST_STREAMS)
     integer("data.split_seed", cfg.split_seed)
     integer("data.min_text_tokens", cfg.get("min_text_tokens", 1), 1)
     mapping("data.label_words", cfg.get("label_words"), "a map of dataset label -> answer word", null=True)
@@ -206,8 +208,11 @@ def split(raw: dict, cfg, stratified: bool = True) -> dict[str, list[tuple]]:
     held_out = {it[0] for it in test_pool or []}
     pool = [it for it in _unique(raw.get("all") or raw["train"]) if it[0] not in held_out]
     how = cfg.get("stratify", "balanced") if stratified else "random"
+    own = cfg.get("test_stream", "shared") == "own"
+    if own and test_pool is None:
+        raise QftError("data.test_stream", "own", f"needs an official test split, which {cfg.source} lacks (shared)")
 
-    def by_label(items):
+    def by_label(items, rng):
         groups: dict = {}
         for it in items:
             groups.setdefault(it[1], []).append(it)
@@ -215,12 +220,12 @@ def split(raw: dict, cfg, stratified: bool = True) -> dict[str, list[tuple]]:
             rng.shuffle(v)
         return [groups[k] for k in sorted(groups)]
 
-    def draw(items, n):
+    def draw(items, n, rng=rng):
         if how == "random":
             items = list(items)
             rng.shuffle(items)
             return items[:n], items[n:]
-        queues = by_label(items)
+        queues = by_label(items, rng)
         if how == "proportional":
             n = min(n, len(items))
             quota = [n * len(q) / len(items) for q in queues]
@@ -240,8 +245,8 @@ def split(raw: dict, cfg, stratified: bool = True) -> dict[str, list[tuple]]:
 
     if test_pool is None:
         test, pool = draw(pool, cfg.test_size)
-    else:
-        test, _ = draw(test_pool, cfg.test_size)
+    else:  # `own`: its own stream, so the test size moves neither the training nor the validation split
+        test, _ = draw(test_pool, cfg.test_size, random.Random(f"test-{cfg.split_seed}") if own else rng)
     val, pool = draw(pool, cfg.val_size)
     train, _ = draw(pool, cfg.train_size)
     rng.shuffle(train)
@@ -407,7 +412,8 @@ def prepare(cfg, tokenizer, cache_dir: str | Path) -> Task:
                           "tok": _tokenizer_fingerprint(tokenizer), "before": before, "after": after,
                           "words": label_words, "max_length": cfg.max_length, "task": cfg.task,
                           "split": [cfg.split_seed, cfg.train_size, cfg.val_size, cfg.test_size,
-                                    cfg.get("stratify", "balanced")], "v": FORMAT})
+                                    cfg.get("stratify", "balanced")]
+                          + ([cfg.test_stream] if cfg.get("test_stream", "shared") != "shared" else []), "v": FORMAT})
     key = hashlib.sha256(key_src.encode()).hexdigest()[:20]
     path = Path(os.path.expanduser(str(cache_dir))) / "data" / f"{cfg.source}-{key}.npz"
     cached = _load_cache(path)

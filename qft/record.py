@@ -38,7 +38,8 @@ _NOT_HASHED = {("train", "resume"), ("train", "stop_after_steps"), ("train", "ho
 _THEN = {("adapter", "dropout_mask"): "torch"}
 # Keys added after records existed whose default computes what was computed before them: at that value they are left
 # out of the hash, so earlier records (and checkpoints of runs in flight) still match a config that has them.
-_ABSENT_AT = {("adapter", "shared_dropout"): False, ("quant", "attention_dtype"): "compute"}
+_ABSENT_AT = {("adapter", "shared_dropout"): False, ("quant", "attention_dtype"): "compute",
+              ("data", "test_stream"): "shared"}
 # Settings applied in the order written, the later winning: their order is part of what a run computes.
 _ORDERED = (("adapter", "depth_groups"), ("quant", "depth_groups"))
 

@@ -64,6 +64,7 @@ CASES = [
     ("train.zero_shot=no", "train.zero_shot"),
     ("sweep.force=no", "sweep.force"),
     ("sweep.blind=maybe", "sweep.blind"),
+    ("data.test_stream=maybe", "data.test_stream"),
     ("train.resume=1", "train.resume"),
     ("train.max_grad_norm=-1", "train.max_grad_norm"),
     ("train.weight_decay=-0.1", "train.weight_decay"),

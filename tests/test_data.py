@@ -4,7 +4,7 @@ import tempfile
 import pytest
 import torch
 
-from qft import data
+from qft import data, record
 from qft.errors import QftError
 from conftest import make_cfg
 
@@ -136,6 +136,27 @@ def test_no_val_or_test_prompt_equals_a_training_prompt_as_the_model_sees_it(tok
     seen = {n: {tuple(p) for p in s.prompts} for n, s in task.splits.items()}
     assert all(len(seen[n]) == len(task.splits[n].prompts) for n in seen)
     assert not seen["train"] & seen["test"] and not seen["train"] & seen["val"] and not seen["val"] & seen["test"]
+
+
+def test_an_official_test_splits_own_stream_keeps_train_and_val_whatever_the_test_size():
+    """The studies' proportional draw shuffles the drawn test documents, as many draws as there are, from the
+    split's stream when it is shared (a balanced draw's count does not depend on the test size)."""
+    raw = data.SOURCES["reuters_r8"](make_cfg("data=reuters_r8").data)
+    parts = {(stream, n): data.split(raw, make_cfg("data=reuters_r8", "data.val_size=50", f"data.test_size={n}",
+                                                   "data.stratify=proportional", f"data.test_stream={stream}").data)
+             for stream in ("shared", "own") for n in (200, 400)}
+    small, large = parts["own", 200], parts["own", 400]
+    assert small["train"] == large["train"] and small["val"] == large["val"]
+    assert len(small["test"]) == 200 and len(large["test"]) == 400
+    assert parts["shared", 200]["train"] != parts["shared", 400]["train"]  # the shared stream moves them
+    assert parts["own", 200]["train"] != parts["shared", 200]["train"]  # another draw: hashed, never pooled
+    own, shared = make_cfg("data.test_stream=own"), make_cfg()
+    assert record.config_hash(own) != record.config_hash(shared)
+    before = record.resolved(shared)  # a record made before the key existed still pools with the default
+    del before["data"]["test_stream"]
+    assert record.config_hash(before, inputs_=record.inputs(shared)) == record.config_hash(shared)
+    with pytest.raises(QftError, match=r"^data.test_stream='own': needs an official test split, which bbc_news"):
+        data.split(data.SOURCES["bbc_news"](make_cfg().data), make_cfg("data.test_stream=own").data)
 
 
 def test_proportional_split_keeps_each_labels_share():
