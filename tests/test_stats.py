@@ -10,6 +10,7 @@ import pytest
 from scipy import stats as st
 
 from qft import stats
+from qft.errors import QftError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -168,6 +169,10 @@ def test_power_refuses_to_pool_records_of_two_run_kinds(tmp_path):
         f"qft.tools.power: error: RECORDS='{tmp_path}': records of one run kind (what one comparison must not mix: CPU, "
         f"threads, compute dtype, torch); these hold 2: {' / '.join(kinds)}"], bad.stderr
     assert len(power.runs([src[1].parent])) == 27  # the untouched folder, one kind: no error
+    del rec["execution"]  # a record made before qft named the run kind: in the report's words
+    moved.write_text(json.dumps(rec))
+    with pytest.raises(QftError, match=r"these hold 2: .+ / not recorded$"):
+        power.runs([tmp_path])
 
 
 def test_power_cli_simulates_the_reports_own_test_at_the_chosen_seeds():

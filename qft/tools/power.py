@@ -37,8 +37,8 @@ def runs(paths) -> list[tuple[Path, dict]]:
         out += [(f.parent, r) for f in files if (r := record.read(f.parent)) and r.get("status") == "ok"]
     if not out:
         raise QftError("RECORDS", " ".join(map(str, paths)), "no ok result records there")
-    kinds = sorted({str(frame.run_kind(r.get("execution"), r.get("versions"), r.get("execution_history") or ()))
-                    for _, r in out})
+    kinds = sorted({frame.run_kind(r.get("execution"), r.get("versions"), r.get("execution_history") or ())
+                    or "not recorded" for _, r in out})  # the report's words for a record made before qft named it
     if len(kinds) > 1:  # variance pooled across machines would price a study no machine runs
         raise QftError("RECORDS", " ".join(map(str, paths)), "records of one run kind (what one comparison must not "
                        f"mix: CPU, threads, compute dtype, torch); these hold {len(kinds)}: {' / '.join(kinds)}")
