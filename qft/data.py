@@ -210,7 +210,7 @@ def split(raw: dict, cfg, stratified: bool = True) -> dict[str, list[tuple]]:
     how = cfg.get("stratify", "balanced") if stratified else "random"
     own = cfg.get("test_stream", "shared") == "own"
     if own and test_pool is None:
-        raise QftError("data.test_stream", "own", f"needs an official test split, which {cfg.source} lacks (shared)")
+        raise QftError("data.test_stream", "own", f"needs an official test split, which {cfg.source} lacks: use shared")
 
     def by_label(items, rng):
         groups: dict = {}
