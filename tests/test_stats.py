@@ -175,6 +175,20 @@ def test_power_refuses_to_pool_records_of_two_run_kinds(tmp_path):
         power.runs([tmp_path])
 
 
+def test_power_prices_scoring_from_runs_made_in_one_invocation():
+    """A resumed run's training seconds sum its invocations and its wall seconds are the last one's (finding 2's two
+    resumed pilot runs read -0.01 s an example): its scoring time is unknown, and the others' stands for it."""
+    from qft.tools import power
+
+    ex = {"cpu_kind": "amx_bf16"}
+    sizes = {"data": {"sizes": {"val": 500, "test": 2000}}}
+    one = {"execution": ex, "train_seconds": 1000.0, "wall_seconds": 1250.0, **sizes}
+    resumed = {"execution": ex, "train_seconds": 1800.0, "wall_seconds": 1300.0, "execution_history": [ex, ex], **sizes}
+    train_s, per_example, _ = power.hours_per_run([(None, one), (None, resumed)], "amx_bf16")
+    assert train_s == 1400.0 and per_example == 0.1  # 250 s over 2,500 examples, from the whole run alone
+    assert power.hours_per_run([(None, resumed)], "amx_bf16")[1] == 0.0  # only resumed runs: never below nothing
+
+
 def test_power_cli_simulates_the_reports_own_test_at_the_chosen_seeds():
     from qft.tools import power
 

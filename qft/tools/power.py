@@ -121,9 +121,11 @@ def hours_per_run(recs, cpu_kind: str | None) -> tuple[float | None, float | Non
     if not same:
         same, note = [r for _, r in recs], f"from records made on another CPU kind than this one ({cpu_kind}): rough"
     train_s = np.mean([r.get("train_seconds") or 0 for r in same])
-    rest = [(r.get("wall_seconds") or 0) - (r.get("train_seconds") or 0) for r in same]
-    scored = [sum((r.get("data") or {}).get("sizes", {}).get(s, 0) for s in ("val", "test")) or 1 for r in same]
-    per_example = float(np.mean([x / n for x, n in zip(rest, scored)]))
+    # a resumed run's training seconds sum its invocations, its wall seconds are the last one's: no scoring time there
+    whole = [r for r in same if not r.get("execution_history")] or same
+    rest = [(r.get("wall_seconds") or 0) - (r.get("train_seconds") or 0) for r in whole]
+    scored = [sum((r.get("data") or {}).get("sizes", {}).get(s, 0) for s in ("val", "test")) or 1 for r in whole]
+    per_example = max(0.0, float(np.mean([x / n for x, n in zip(rest, scored)])))
     return float(train_s), per_example, note
 
 
