@@ -201,3 +201,16 @@ def test_every_declared_cell_is_one_configuration_the_study_runs(plan, tmp_path)
         for c in report.read_plan(plan)["contrasts"]:
             for side in ("a", "b"):
                 assert len(declared.cell_keys(ok, c[side])) == 1, (plan.parent.name, source, c["name"], side)
+
+
+def test_finding2s_seed_check_reproduces_its_committed_output():
+    """experiments/finding2/planner/sensitivity.py, as its README shows it, prints what the plan's seed block cites,
+    from the committed variance-pilot records (variance quantities only)."""
+    import subprocess
+    import sys
+
+    script = ROOT / "experiments" / "finding2" / "planner" / "sensitivity.py"
+    got = subprocess.run([sys.executable, str(script.relative_to(ROOT))], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300)
+    assert got.returncode == 0, got.stderr[-2000:]
+    assert got.stdout == (script.parent / "sensitivity.txt").read_text()
