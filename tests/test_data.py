@@ -139,8 +139,9 @@ def test_no_val_or_test_prompt_equals_a_training_prompt_as_the_model_sees_it(tok
 
 
 def test_an_official_test_splits_own_stream_keeps_train_and_val_whatever_the_test_size():
-    """The studies' proportional draw shuffles the drawn test documents, as many draws as there are, from the
-    split's stream when it is shared (a balanced draw's count does not depend on the test size)."""
+    """A proportional draw (the studies') shuffles its test documents with the split's stream when that is shared,
+    so the test size moves the validation and training draws after it; from its own stream it does not. (A balanced
+    draw takes as many of the stream's numbers whatever the test size.)"""
     raw = data.SOURCES["reuters_r8"](make_cfg("data=reuters_r8").data)
     parts = {(stream, n): data.split(raw, make_cfg("data=reuters_r8", "data.val_size=50", f"data.test_size={n}",
                                                    "data.stratify=proportional", f"data.test_stream={stream}").data)
