@@ -1,13 +1,11 @@
 """An execution switch on against off, in one process (`--loops masks`: `train.compiled_masks`; `sums`:
-`train.compiled_sums`; `terms`: the part of the sums that folds a group input's gradient terms into one pass;
-`rope`: `train.compiled_rope`; `rows`: `train.split_rows`, no compiled loop): steps alternate between the two on the same
+`train.compiled_sums`; `rope`: `train.compiled_rope`; `rows`: `train.split_rows`, no compiled loop): steps alternate between the two on the same
 model, batches and memory state, so the machine's drift between processes (5-10% on these VMs) falls on both alike.
 
     python benchmarks/compiled.py                                                   # masks; 12 steps each, after 2
     python benchmarks/compiled.py --loops sums quant.attention_dtype=fp32 quant.cache_dequantized=true
     python benchmarks/compiled.py --loops rows quant.attention_dtype=fp32 quant.cache_dequantized=true
     python benchmarks/compiled.py --loops rope
-    python benchmarks/compiled.py --loops terms quant.attention_dtype=fp32 quant.cache_dequantized=true
 
 The workload is `speed.py`'s (SmolLM2-135M, BBC News, batch 16 x 64, its lr and dropout); a step is the training
 step of `step_ops.py` (answer loss, backward, clipping, AdamW). The other switches stay as the config sets them. The
@@ -36,25 +34,17 @@ def _fused(cfg) -> bool:
     return bool(cfg.train.get("fuse_projections"))
 
 
-def _fast_masks(cfg) -> bool:
-    return cfg.adapter.get("dropout_mask") == "fast" and cfg.adapter.dropout > 0
-
-
-_MASKS = ("adapter.dropout_mask", _fast_masks, "only fast masks compile: needs adapter.dropout_mask=fast and "
-          "adapter.dropout > 0")
-# what a config needs for the switch to act (each: the key to name, whether it holds, what is allowed), and the
-# objects' flag: masks, sums and rope are numba loops, none where numba is not installed (rope: nor for another rotary
-# function); terms, the compiled sums' fold of a group input's gradient terms (`fuse._Terms`), is toggled on the groups
-# that may fold (behind fast masks)
+# what a config needs for the switch to act (the key to name, whether it holds, what is allowed), and the objects'
+# flag: masks, sums and rope are numba loops, none where numba is not installed (rope: nor for another rotary function)
 NEEDS = {
-    "masks": ([_MASKS], "compiled"),
-    "sums": ([("train.fuse_projections", _fused, "the compiled sums run in fused groups: needs "
-               "train.fuse_projections=true")], "compiled"),
-    "rope": ([], "compiled"),
-    "rows": ([("train.fuse_projections", _fused, "the row blocks run in fused groups: needs "
-               "train.fuse_projections=true")], "split_rows"),
-    "terms": ([("train.fuse_projections", _fused, "the terms fold in fused groups: needs train.fuse_projections=true"),
-               _MASKS], "private"),
+    "masks": ("adapter.dropout_mask", lambda cfg: cfg.adapter.get("dropout_mask") == "fast" and cfg.adapter.dropout > 0,
+              "only fast masks compile: needs adapter.dropout_mask=fast and adapter.dropout > 0",
+              "compiled"),
+    "sums": ("train.fuse_projections", _fused,
+             "the compiled sums run in fused groups: needs train.fuse_projections=true", "compiled"),
+    "rope": ("train.compiled_rope", lambda cfg: True, "", "compiled"),
+    "rows": ("train.fuse_projections", _fused,
+             "the row blocks run in fused groups: needs train.fuse_projections=true", "split_rows"),
 }
 
 
@@ -75,14 +65,12 @@ def main() -> None:
 
     n = a.warmup + 2 * a.pairs
     cfg = step_ops.compose(a.batch, a.seq, n, a.qft_overrides)
-    checks, attr = NEEDS[a.loops]
-    for key, holds, allowed in checks:
-        if not holds(cfg):
-            raise QftError(key, OmegaConf.select(cfg, key), allowed)
+    key, holds, allowed, attr = NEEDS[a.loops]
+    if not holds(cfg):
+        raise QftError(key, OmegaConf.select(cfg, key), allowed)
     net, step = step_ops.workload(cfg)
     switched = {"masks": adapter.compile_masks, "sums": fuse.compile_sums, "rope": model.compile_rope,
-                "rows": fuse.split_rows,
-                "terms": lambda net: [g for g in fuse.compile_sums(net) if g.private]}[a.loops](net)
+                "rows": fuse.split_rows}[a.loops](net)
     if not switched and attr == "compiled":
         import importlib.util
 

@@ -165,9 +165,8 @@ class _MaskedScale(torch.autograd.Function):
     bf16, where each autocast copy's gradient is widened to fp32 before the sum."""
 
     @staticmethod
-    def forward(ctx, x, lanes, threshold, scale, compiled, cast, sink=None, source=None):
-        ctx.scale, ctx.sink = scale, sink
-        x = x if source is None else source  # with a sink, x is the stand-in that carries the gradient's edge
+    def forward(ctx, x, lanes, threshold, scale, compiled, cast):
+        ctx.scale = scale
         ctx.compiled = compiled and x.device.type == "cpu" and x.dtype == torch.float32 and x.is_contiguous()
         if ctx.compiled:
             from qft import kernels
@@ -185,18 +184,13 @@ class _MaskedScale(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         (keep,) = ctx.saved_tensors
-        compiled = ctx.compiled and grad.dtype in (torch.float32, torch.bfloat16)
-        if ctx.sink is not None:  # qft.fuse's group sums its input's terms: this one, unmade, or made as below
-            ctx.sink.append((grad.contiguous(), keep, ctx.scale) if compiled else
-                            (_masked(grad, keep, ctx.scale), None, 0.0))
-            return grad.new_empty(0), None, None, None, None, None, None, None
-        if compiled:
+        if ctx.compiled and grad.dtype in (torch.float32, torch.bfloat16):
             from qft import kernels
 
             grad, out = grad.contiguous(), torch.empty(grad.shape, dtype=torch.float32)
             kernels.undrop(grad, keep, ctx.scale, out)
-            return out, None, None, None, None, None, None, None
-        return _masked(grad, keep, ctx.scale), None, None, None, None, None, None, None
+            return out, None, None, None, None, None
+        return _masked(grad, keep, ctx.scale), None, None, None, None, None
 
 
 def _masked(x: torch.Tensor, keep: torch.Tensor, scale: float) -> torch.Tensor:
@@ -224,17 +218,13 @@ class FastDropout(nn.Module):
         self.compiled = False  # compile_masks: one compiled pass instead of torch's ops, the same bits
         self.one_reader = True  # its output feeds one matmul (not a group's shared dropout): it may cast for autocast
 
-    def forward(self, x, fold=None):
-        """`fold`: (stand-in, sink) of qft.fuse's group, which sums x's gradient terms itself (`Group.fold`): the
-        gradient's edge runs to the stand-in, and backward hands its term to the sink."""
+    def forward(self, x):
         if not self.training or self.threshold == -32768:
             return x
         n = x.numel()
         bits = draws((n + 3) // 4, x.device, self.compiled)
-        args = (bits.view(torch.int16)[:n].view(x.shape), self.threshold, self.scale, self.compiled, self.one_reader)
-        if fold is None:
-            return _MaskedScale.apply(x, *args)
-        return _MaskedScale.apply(fold[0], *args, fold[1], x)
+        return _MaskedScale.apply(x, bits.view(torch.int16)[:n].view(x.shape), self.threshold, self.scale,
+                                  self.compiled, self.one_reader)
 
     def extra_repr(self) -> str:
         return f"p={self.p}, mask=fast" + (", compiled" if self.compiled else "")

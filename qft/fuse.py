@@ -17,9 +17,7 @@ The LoRA A matrices stay one matmul per projection: at rank 8 the output is narr
 likely to change with width, and one matmul for the group saved only an input cast in evaluation.
 Every other projection with an adapter (o, down) runs as a group of one, for the same path: bitsandbytes' layer and
 peft's defensive copy of its output skipped, and with `train.compiled_sums` (`_Sum`, qft.kernels) each member's
-output, frozen slice plus scaled LoRA output, made in one compiled pass forward and one backward; and where the group
-alone reads its fp32 input, that input's gradient, every member's frozen and mask term, made and summed in one pass
-(`_Terms`) in autograd's order.
+output, frozen slice plus scaled LoRA output, made in one compiled pass forward and one backward.
 With `train.split_rows` a training step's frozen matmuls run as two blocks of rows where, on this machine and shape,
 that gives the same bits and is faster (`_linear`): oneDNN runs some bf16 matmuls on one thread.
 
@@ -39,7 +37,6 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from qft import adapter
 from qft import layers as L
 from qft import quant
 from qft.model import same_bits, spread
@@ -54,10 +51,8 @@ class _Member(torch.autograd.Function):
     matmul left it, and hands this node its gradient already cast, through the box."""
 
     @staticmethod
-    def forward(ctx, x, group, i, box=None, split=False, sink=None, source=None):
-        ctx.group, ctx.i, ctx.box, ctx.split, ctx.sink = group, i, box, split, sink
-        x = x if source is None else source  # with a sink, x is the stand-in that carries the gradient's edge
-        ctx.x_dtype = x.dtype
+    def forward(ctx, x, group, i, box=None, split=False):
+        ctx.group, ctx.i, ctx.x_dtype, ctx.box, ctx.split = group, i, x.dtype, box, split
         lo, hi = group.slices[i]
         y = group.shared(x, "base", lambda: group.frozen(x, split))
         if box is not None:
@@ -69,47 +64,7 @@ class _Member(torch.autograd.Function):
     def backward(ctx, grad):
         g = grad.to(ctx.group.dtype) if ctx.box is None else ctx.box.pop("grad")
         w = ctx.group.member_weight(ctx.i).to(g.dtype)
-        term = _linear(g, w.t(), None, ctx.split)
-        if ctx.sink is not None:  # the group sums its input's terms (`_Terms`): this one, widened there
-            ctx.sink.append((term, None, 0.0))
-            return term.new_empty(0), None, None, None, None, None, None
-        return term.to(ctx.x_dtype), None, None, None, None, None, None
-
-
-class _Terms(torch.autograd.Function):
-    """A group input's gradient, its terms summed in one compiled pass (`train.compiled_sums`, qft.kernels.terms).
-
-    Unfused, autograd widens each member's frozen term (bf16 under autocast) to fp32, makes each mask's term in fp32,
-    and adds them to the input's gradient one by one: a q/k/v input's six terms are written and read again in fp32.
-    Here each member's frozen node and mask take their edge from an empty stand-in of the input (`Group.fold`) and
-    hand their term unmade to the sink, in the order autograd runs them, which is the order it adds them in; this
-    node, run once they all have, makes and sums them in that order in one pass: the same bits, each term read once
-    in its own dtype with its 1-byte mask. Only for an fp32 input the group alone reads (`Group.private`): a reader
-    outside the group would add its term between theirs."""
-
-    @staticmethod
-    def forward(ctx, x, sink):
-        ctx.sink = sink
-        return x.new_empty(0)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, _):
-        from qft import kernels
-
-        parts, ctx.sink[:] = list(ctx.sink), []
-        if not parts:
-            return None, None
-        if len(parts) <= kernels.TERMS and len({(g.dtype, g.shape) for g, _, _ in parts}) == 1 and all(
-                g.is_contiguous() for g, _, _ in parts):
-            return kernels.terms(parts), None
-        total = None
-        for g, keep, scale in parts:  # as autograd would: each term made in fp32, added in order
-            term = g.float() if keep is None else torch.empty(g.shape, dtype=torch.float32)
-            if keep is not None:
-                kernels.undrop(g.contiguous(), keep, scale, term)
-            total = term if total is None else total + term
-        return total, None
+        return _linear(g, w.t(), None, ctx.split).to(ctx.x_dtype), None, None, None, None
 
 
 class _Sum(torch.autograd.Function):
@@ -154,8 +109,7 @@ class Group:
         self.dtype = self.backends[0].compute_dtype(self.bases[0]) if self.kind else None
         self.cast_back = self.kind is not None and self.backends[0].output_in_input_dtype
         self._cache: tuple | None = None  # (input, {what: tensor}, members done): work shared for one input
-        self.compiled = False  # compile_sums: each member's output, and the input's gradient, one compiled pass (CPU)
-        self.private = False  # install: nothing outside the group reads its input (so `fold` may sum its gradient)
+        self.compiled = False  # compile_sums: each member's output summed in one compiled pass (CPU)
         self.split_rows = False  # split_rows: a training step's frozen matmuls in two blocks of rows where that pays
         self.storage = None
         self.bias = None
@@ -255,20 +209,15 @@ class Group:
         """Member i's output: its slice of the group's frozen matmul, plus its LoRA as peft computes it."""
         m = self.members[i]
         split = self.split_rows and torch.is_grad_enabled()  # training; evaluation has a shape per batch
-        fold = self.fold(x)
-        edge, tail = (x, ()) if fold is None else (fold[0], (fold[1], x))  # the frozen node's gradient edge
         if not hasattr(m, "lora_A"):
-            return _Member.apply(edge, self, i, None, split, *tail)
+            return _Member.apply(x, self, i, None, split)
         a, b = m.lora_A["default"], m.lora_B["default"]
         autocast = torch.is_autocast_enabled(x.device.type)
         h_dtype = torch.get_autocast_dtype(x.device.type) if autocast else b.weight.dtype
         out_dtype = x.dtype if self.cast_back else self.dtype  # peft's result dtype, and so its sum's
         box = {} if self.compiled and self._summable(x, h_dtype, out_dtype) else None
-        result = _Member.apply(edge, self, i, box, split, *tail)
-        if fold is None:
-            middle = a(m.lora_dropout["default"](m._cast_input_dtype(x, a.weight.dtype)))
-        else:
-            middle = a(m.lora_dropout["default"](x, fold))
+        result = _Member.apply(x, self, i, box, split)
+        middle = a(m.lora_dropout["default"](m._cast_input_dtype(x, a.weight.dtype)))
         h = b(middle)
         if box is not None:
             lo, _ = self.slices[i]
@@ -278,29 +227,6 @@ class Group:
         if not autocast:
             h = h.to(result.dtype)
         return (result + h).to(result.dtype)
-
-    def fold(self, x: torch.Tensor) -> tuple[torch.Tensor, list] | None:
-        """The input's stand-in and sink (`_Terms`), made by the first member called, where its gradient's terms can
-        be summed in one pass: training on the CPU with the compiled sums, an fp32 input the group alone reads, and
-        every adapted member's dropout a compiled fast mask whose output one matmul reads, given x as it is."""
-        if not (self.compiled and self.private and torch.is_grad_enabled() and x.requires_grad
-                and x.dtype == torch.float32 and x.device.type == "cpu"):
-            return None
-        if not self.shared(x, "foldable", lambda: all(self._folds(m, x) for m in self.members)):
-            return None
-        done = self._cache[1]
-        if "fold" not in done:
-            sink: list = []
-            done["fold"] = (_Terms.apply(x, sink), sink)
-        return done["fold"]
-
-    @staticmethod
-    def _folds(m: nn.Module, x: torch.Tensor) -> bool:
-        if not hasattr(m, "lora_A"):
-            return True
-        drop = m.lora_dropout["default"]
-        return (isinstance(drop, adapter.FastDropout) and drop.training and drop.threshold != -32768 and drop.compiled
-                and drop.one_reader and m._cast_input_dtype(x, m.lora_A["default"].weight.dtype) is x)
 
     def _summable(self, x: torch.Tensor, h_dtype: torch.dtype, out_dtype: torch.dtype) -> bool:
         """Whether the compiled sum computes what peft's sum computes here: on the CPU, from bf16 or fp32 parts to an
@@ -408,9 +334,6 @@ def install(model: nn.Module, projections: list[L.Layer], model_type: str) -> li
         placed: set[str] = set()
         for names in shared + alone:
             group = Group(parent, names)
-            # its input read by it alone: a whole group of the registry's that reads a norm's output, or o or down
-            group.private = names in shared and arch.private_inputs or not any(
-                set(names) & set(s) for s in arch.shared_input)
             if placed.isdisjoint(names) and group.fusable():
                 group.install()
                 groups.append(group)

@@ -33,7 +33,7 @@ from numba.extending import intrinsic, overload
 
 _WARMED: list = []  # not empty once warm() has run the loops
 _JIT = dict(cache=True, nogil=True, parallel=True, boundscheck=False, fastmath=False)
-LOOPS = ("drop", "undrop", "lora_sum", "lora_sum_grad", "terms", "random_bits", "rope")  # public (benchmarks/step_ops.py)
+LOOPS = ("drop", "undrop", "lora_sum", "lora_sum_grad", "random_bits", "rope")  # public (benchmarks/step_ops.py)
 
 
 @intrinsic
@@ -137,33 +137,6 @@ def _sum_grad(grad, scale, frozen, lora):
         g = _bf16(grad[i])
         frozen[i] = g
         lora[i] = _bf16(_f32(g) * s)
-
-
-@numba.njit(**_JIT)
-def _terms(grads, keeps, scales, n, width, out):
-    """out = term 0 + term 1 + ... + term n - 1 in that order, in fp32, by rows of `width`: term k is grads[k] widened where
-    keeps[k] is empty (a frozen member's input gradient), else (keeps[k] * grads[k]) * scales[k] (a mask's backward,
-    as `_undrop`). The first term is stored as it is, as autograd keeps the first gradient an input receives (so a
-    -0 stays -0), each later one added to the sum as autograd adds it."""
-    rows = out.size // width
-    for r in prange(rows):
-        o = out[r * width:(r + 1) * width]
-        for k in range(n):
-            g, keep, s = grads[k][r * width:(r + 1) * width], keeps[k], np.float32(scales[k])
-            if keep.size == 0 and k == 0:
-                for c in range(width):
-                    o[c] = _f32(g[c])
-            elif keep.size == 0:
-                for c in range(width):
-                    o[c] += _f32(g[c])
-            else:
-                kr = keep[r * width:(r + 1) * width]
-                if k == 0:
-                    for c in range(width):
-                        o[c] = (np.float32(kr[c]) * _f32(g[c])) * s
-                else:
-                    for c in range(width):
-                        o[c] += (np.float32(kr[c]) * _f32(g[c])) * s
 
 
 @numba.njit(**_JIT)
@@ -292,23 +265,6 @@ def lora_sum_grad(grad: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch
     return frozen, lora
 
 
-TERMS = 6  # the most terms `terms` sums in one pass: a group of three, each member's frozen and LoRA term
-_NONE = np.empty(0, np.bool_)  # no mask: the term is a frozen member's, widened
-
-
-def terms(parts: list[tuple[torch.Tensor, torch.Tensor | None, float]]) -> torch.Tensor:
-    """The fp32 sum, in order, of an input's gradient terms (1 to TERMS): (g, None, 0) is g widened (fp32 or bf16),
-    (g, keep, scale) is (keep * g) * scale as `undrop` makes it; all contiguous CPU tensors of one shape, every g of
-    one dtype. The loop always takes TERMS of each (empty ones after the last), so it compiles once per dtype."""
-    g0 = _flat(parts[0][0])
-    out = torch.empty(parts[0][0].shape, dtype=torch.float32)
-    pad = TERMS - len(parts)
-    _terms(tuple(_flat(g) for g, _, _ in parts) + (g0[:0],) * pad,
-           tuple(_NONE if k is None else _flat(k) for _, k, _ in parts) + (_NONE,) * pad,
-           np.array([s for _, _, s in parts] + [0.0] * pad, np.float32), len(parts), parts[0][0].shape[-1], _flat(out))
-    return out
-
-
 def _strided(t: torch.Tensor) -> np.ndarray:
     """A CPU tensor's elements as one flat numpy view from its first to its last (strides >= 0)."""
     span = 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride())) if t.numel() else 0
@@ -374,8 +330,6 @@ def warm() -> None:
         lora_sum(y, 32, h[:32], 1.0, torch.float32)
     lora_sum(halves[1], 32, halves[1][:32], 1.0, torch.bfloat16)
     lora_sum_grad(x, 1.0)
-    for g in halves:  # a frozen term and a mask's, in bf16 and in fp32
-        terms([(g, None, 0.0), (g, keep, 1.0)])
     for grad in (False, True):
         rope(x.view(1, 2, 2, 16), x[:32].view(1, 2, 16), x[:32].view(1, 2, 16), back.view(1, 2, 2, 16), grad)
     with torch.random.fork_rng(devices=[]):  # the run's random stream untouched

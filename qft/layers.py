@@ -33,7 +33,6 @@ class Architecture:
     mlp: tuple[str, ...] = _MLP
     pipeline: bool = False
     shared_input: tuple[tuple[str, ...], ...] = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
-    private_inputs: bool = True  # each shared input is a norm's output, read by its group alone (not OLMo2's)
 
     def types(self) -> dict[str, tuple[str, ...]]:
         return {"attn": self.attn, "mlp": self.mlp}
@@ -42,8 +41,7 @@ class Architecture:
 REGISTRY: dict[str, Architecture] = {
     "llama": Architecture(pipeline=True), "mistral": Architecture(pipeline=True),
     "qwen2": Architecture(pipeline=True), "qwen3": Architecture(pipeline=True),
-    "gemma": Architecture(), "gemma2": Architecture(), "gemma3_text": Architecture(),
-    "olmo2": Architecture(private_inputs=False),  # post-norm: q/k/v and gate/up read the residual stream
+    "gemma": Architecture(), "gemma2": Architecture(), "gemma3_text": Architecture(), "olmo2": Architecture(),
 }
 REFUSED = {
     "phi3": "its attention and MLP are fused (qkv_proj, gate_up_proj), so q/k/v and gate/up cannot take a rank or "

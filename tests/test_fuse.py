@@ -8,16 +8,14 @@ import torch
 import torch.nn.functional as F
 from peft.tuners.lora import bnb as lora_bnb
 
-from qft import fuse, kernels, record, train
+from qft import fuse, record, train
 from conftest import build, make_cfg, spread_lora_b
 
 PROMPTS = [[5, 6, 7, 8, 9], [11, 12, 13], [20, 21, 22, 23, 24, 25, 26]]
 ANSWERS = [[100], [200, 201, 202], [300, 301]]
 
 
-def outputs(fused, dtype, *overrides, checkpointing=False, prompts=PROMPTS, answers=ANSWERS, norm_grads=None):
-    """The loss, the LoRA gradients and the logits; with `norm_grads` (a list), each norm output's gradient as
-    backward makes it (a group's input: where fusion sums the gradient's terms)."""
+def outputs(fused, dtype, *overrides, checkpointing=False, prompts=PROMPTS, answers=ANSWERS):
     torch.manual_seed(0)
     _, _, built = build(f"train.fuse_projections={fused}", f"quant.compute_dtype={dtype}", "adapter.dropout=0.1",
                         *overrides)
@@ -25,16 +23,6 @@ def outputs(fused, dtype, *overrides, checkpointing=False, prompts=PROMPTS, answ
     if checkpointing:  # as qft.train enables it: the layer's forward runs again in backward
         net.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     spread_lora_b(net)
-    if norm_grads is not None:
-        norm_grads.clear()  # fused_outputs may build twice
-
-        def keep(m, args, out):
-            if out.requires_grad:
-                out.register_hook(norm_grads.append)
-
-        for name, m in net.named_modules():
-            if name.endswith("layernorm"):
-                m.register_forward_hook(keep)
     torch.manual_seed(1)  # the dropout masks: the same stream, drawn in the same order
     cdt = {"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]
     loss, _, _ = train.answer_loss(net, prompts, answers, 2, cdt)
@@ -108,51 +96,6 @@ def test_fused_equals_unfused_under_gradient_checkpointing():
     assert torch.equal(got[1], ref[1])
     for k in ref[2]:
         assert torch.equal(got[2][k], ref[2][k]), k
-
-
-@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
-@pytest.mark.parametrize("extra", [[], ["train.gradient_checkpointing=true"], ["+adapter.projections.v_proj={r:0}"]])
-def test_a_group_inputs_gradient_terms_are_summed_in_one_pass_with_the_unfused_bits(monkeypatch, dtype, extra):
-    """With the compiled sums, each member's frozen term and mask term are summed by the group in one pass
-    (fuse._Terms), in the order autograd sums them unfused. Compared on the inputs' own gradients: in bf16 the LoRA
-    gradients round away the last bits where a wrong order would show (a reversed order changes none of them)."""
-    ref, got, folded = [], [], []
-    outputs("false", dtype, "quant=nf4", *extra, norm_grads=ref)
-    real = kernels.terms
-    monkeypatch.setattr(kernels, "terms", lambda parts: folded.append(len(parts)) or real(parts))
-    fused_outputs(dtype, "quant=nf4", *extra, norm_grads=got)
-    # q/k/v (5 terms where v has no adapter), gate/up, down, and o where attention's output is fp32
-    assert set(folded) == {5 if "v_proj" in str(extra) else 6, 4, 2}
-    assert len(got) == len(ref) == 4 * 2 - 1  # layer 0's first norm reads the embedding, which needs no gradient
-    for a, b in zip(got, ref):
-        assert torch.equal(a, b)
-
-
-@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
-def test_a_group_inputs_gradient_terms_the_loop_does_not_take_are_summed_by_torchs_ops(monkeypatch, dtype):
-    """More terms than the loop takes (here: any) go to torch's ops in fuse._Terms, with the same bits."""
-    ref, got = [], []
-    outputs("false", dtype, "quant=nf4", norm_grads=ref)
-    monkeypatch.setattr(kernels, "TERMS", 1)
-    monkeypatch.setattr(kernels, "terms", None)  # not called
-    fused_outputs(dtype, "quant=nf4", norm_grads=got)
-    assert len(got) == len(ref) == 7
-    for a, b in zip(got, ref):
-        assert torch.equal(a, b)
-
-
-def test_only_an_input_the_group_alone_reads_is_summed_by_it():
-    """A reader outside the group adds its term between the group's: a group of q and v alone (k in 8 bits runs
-    unfused), and OLMo2's q/k/v and gate/up (post-norm: the residual stream feeds them and the residual add)."""
-    private = {}
-    for extra in (["+quant.projections.k_proj={bits:8}"], ["model.arch.model_type=olmo2"]):
-        _, _, built = build("quant=nf4", *extra)
-        private[extra[0]] = {g.names: g.private for g in built.model._qft_fused}
-    assert private["+quant.projections.k_proj={bits:8}"] == {("q_proj",): False, ("v_proj",): False,
-                                                             ("o_proj",): True, ("gate_proj", "up_proj"): True,
-                                                             ("down_proj",): True}
-    assert private["model.arch.model_type=olmo2"] == {("q_proj", "k_proj", "v_proj"): False, ("o_proj",): True,
-                                                      ("gate_proj", "up_proj"): False, ("down_proj",): True}
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

@@ -396,22 +396,6 @@ def test_random_bits_leave_draws_off_the_main_thread_to_torchs_kernel():
     assert got[0] is None and torch.equal(got[1], torch.empty(1000, dtype=torch.int64).random_(-2**63, None))
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("n", [1, 2, 5, 6])
-@pytest.mark.parametrize("first", [0, 1], ids=["mask-first", "frozen-first"])
-def test_terms_are_made_and_summed_with_the_bits_of_autograds_ops(dtype, n, first):
-    """kernels.terms (fuse._Terms) against what autograd runs unfused: each term made in fp32 (a frozen member's
-    widened, a mask's as its backward makes it), the first kept as it is (so a -0 stays -0), each later one added."""
-    parts = [(awkward((3, 5, 33), seed=k).to(dtype), None, 0.0) if (k + first) % 2 else
-             (awkward((3, 5, 33), seed=k).to(dtype), lanes_of((3, 5, 33), seed=k) >= -26214, 1 / 0.9)
-             for k in range(n)]
-    want = None
-    for g, keep, scale in parts:
-        term = g.float() if keep is None else (keep.to(torch.float32) * g.float()) * scale
-        want = term if want is None else want + term
-    assert same_bits_but_nan(kernels.terms(parts), want)
-
-
 def test_compiled_sums_hold_no_gradient_past_backward():
     """A member whose input needs no gradient (layer 0's q/k/v read the embedding) never takes the frozen gradient
     the sum's backward would hand it: the sum keeps none (it would live as long as the loss)."""
