@@ -214,3 +214,57 @@ def test_finding2s_seed_check_reproduces_its_committed_output():
                          timeout=300)
     assert got.returncode == 0, got.stderr[-2000:]
     assert got.stdout == (script.parent / "sensitivity.txt").read_text()
+
+
+LANES = ROOT / "experiments" / "finding2" / "lanes"
+
+
+def test_finding2s_lanes_refuse_a_cpu_without_amx(tmp_path):
+    """The study runs on the AMX Xeon only (its plan's fifth amendment): on another CPU the start script makes no
+    worktree and starts nothing, exit 2 with one line."""
+    import subprocess
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("model name\t: AMD EPYC\nflags\t\t: fpu avx2 avx512f avx512_bf16\n")
+    got = subprocess.run(["bash", str(LANES / "start.sh")], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                         env={"PATH": "/usr/bin:/bin", "CPUINFO": str(cpuinfo), "WORKTREE": str(tmp_path / "wt")})
+    assert got.returncode == 2 and got.stdout == "" and not (tmp_path / "wt").exists()
+    assert got.stderr.splitlines() == [got.stderr.strip()] and got.stderr.startswith("start.sh: error: this CPU has no")
+
+
+def test_finding2s_landed_records_are_copied_without_a_score(tmp_path):
+    """landed.py copies each ok record (result.json, examples.npz) from the lanes' worktree, names a failed one
+    without copying it, prints no accuracy, and copies nothing twice; a missing worktree is refused, exit 2."""
+    import json
+    import subprocess
+    import sys
+
+    runs, here = tmp_path / "wt" / "results" / "finding2" / "runs", tmp_path / "here"
+    here.mkdir()
+    for name, status in (("seed=0", "ok"), ("seed=1", "failed")):
+        (runs / name).mkdir(parents=True)
+        (runs / name / "result.json").write_text(json.dumps({
+            "status": status, "steps": 400, "data": {"sizes": {"test": 2160}}, "train_seconds": 1265.4,
+            "wall_seconds": 1470.2, "final_accuracy": {"test": 0.912345}, "zero_shot_accuracy": {"test": 0.387654},
+            "execution": {"cpu_kind": "amx_bf16", "threads": 1, "compute_dtype": "bf16", "qft_commit": "dd15231ae7"}}))
+        (runs / name / "examples.npz").write_bytes(b"npz")
+    script = [sys.executable, str(LANES / "landed.py")]
+    got = subprocess.run(script, cwd=here, capture_output=True, text=True, timeout=60,
+                         env={"WORKTREE": str(tmp_path / "wt"), "PATH": "/usr/bin:/bin"})
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.splitlines() == [
+        "seed=0: ok, 400 steps, 2160 test documents, training 1265 s, wall 1470 s, amx_bf16 1 thread(s) bf16 qft dd15231",
+        "seed=1: failed (not copied), 400 steps, 2160 test documents, training 1265 s, wall 1470 s, amx_bf16 1 "
+        "thread(s) bf16 qft dd15231"]
+    assert "912" not in got.stdout and "387" not in got.stdout
+    copied = here / "results" / "finding2" / "runs"
+    assert sorted(p.name for p in copied.iterdir()) == ["seed=0"]
+    assert sorted(p.name for p in (copied / "seed=0").iterdir()) == ["examples.npz", "result.json"]
+    again = subprocess.run(script, cwd=here, capture_output=True, text=True, timeout=60,
+                           env={"WORKTREE": str(tmp_path / "wt"), "PATH": "/usr/bin:/bin"})
+    assert again.stdout.splitlines()[0] == "seed=1: failed (not copied), 400 steps, 2160 test documents, training " \
+                                          "1265 s, wall 1470 s, amx_bf16 1 thread(s) bf16 qft dd15231"
+    assert len(again.stdout.splitlines()) == 1
+    gone = subprocess.run(script, cwd=here, capture_output=True, text=True, timeout=60,
+                          env={"WORKTREE": str(tmp_path / "none"), "PATH": "/usr/bin:/bin"})
+    assert gone.returncode == 2 and gone.stdout == "" and gone.stderr.startswith("landed.py: error: WORKTREE=")
