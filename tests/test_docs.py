@@ -232,6 +232,28 @@ def test_finding2s_lanes_refuse_a_cpu_without_amx(tmp_path):
     assert got.stderr.splitlines() == [got.stderr.strip()] and got.stderr.startswith("start.sh: error: this CPU has no")
 
 
+def test_finding2s_lanes_refuse_to_start_twice(tmp_path):
+    """Lanes already running (here a stand-in process named as one) are not started again, on an AMX CPU too."""
+    import subprocess
+    import time
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("flags\t\t: fpu avx2 amx_bf16 amx_tile\n")
+    lane = subprocess.Popen(["bash", "-c", 'exec -a "bash experiments/finding2/lanes/lane.sh A stand-in" sleep 60'])
+    try:
+        for _ in range(100):  # until the stand-in carries its name
+            if subprocess.run(["pgrep", "-f", "lane.sh A stand-in"], capture_output=True).returncode == 0:
+                break
+            time.sleep(0.05)
+        got = subprocess.run(["bash", str(LANES / "start.sh"), "--prepare"], cwd=ROOT, capture_output=True, text=True,
+                             timeout=60, env={"PATH": "/usr/bin:/bin", "CPUINFO": str(cpuinfo),
+                                              "WORKTREE": str(tmp_path / "wt")})
+    finally:
+        lane.kill()
+    assert got.returncode == 2 and got.stdout == "" and not (tmp_path / "wt").exists()
+    assert got.stderr.splitlines() == [got.stderr.strip()] and "running already" in got.stderr
+
+
 def test_finding2s_landed_records_are_copied_without_a_score(tmp_path):
     """landed.py copies each ok record (result.json, examples.npz) from the lanes' worktree, names a failed one
     without copying it, prints no accuracy, and copies nothing twice; a missing worktree is refused, exit 2."""

@@ -10,6 +10,10 @@ if ! grep -qw amx_bf16 "${CPUINFO:-/proc/cpuinfo}"; then
   echo "start.sh: error: this CPU has no amx_bf16; finding 2 runs on the AMX Xeon only (plan.yaml, fifth amendment)" >&2
   exit 2
 fi
+if pgrep -f "lanes/lane.sh|qft \+experiment=finding2( |$)" > /dev/null; then
+  echo "start.sh: error: finding 2's lanes or runs are running already (pgrep -af lane.sh); a second start would run them twice" >&2
+  exit 2
+fi
 if [ ! -d "$worktree" ]; then
   git worktree prune
   git worktree add --detach "$worktree" dd15231 > /dev/null
