@@ -270,9 +270,12 @@ def test_finding2s_landed_records_are_copied_without_a_score(tmp_path):
             "wall_seconds": 1470.2, "final_accuracy": {"test": 0.912345}, "zero_shot_accuracy": {"test": 0.387654},
             "execution": {"cpu_kind": "amx_bf16", "threads": 1, "compute_dtype": "bf16", "qft_commit": "dd15231ae7"}}))
         (runs / name / "examples.npz").write_bytes(b"npz")
-    script = [sys.executable, str(LANES / "landed.py")]
-    got = subprocess.run(script, cwd=here, capture_output=True, text=True, timeout=60,
-                         env={"WORKTREE": str(tmp_path / "wt"), "PATH": "/usr/bin:/bin"})
+
+    def landed(worktree):
+        return subprocess.run([sys.executable, str(LANES / "landed.py")], cwd=here, capture_output=True, text=True,
+                              timeout=60, env={"WORKTREE": str(worktree), "PATH": "/usr/bin:/bin"})
+
+    got = landed(tmp_path / "wt")
     assert got.returncode == 0, got.stderr
     assert got.stdout.splitlines() == [
         "seed=0: ok, 400 steps, 2160 test documents, training 1265 s, wall 1470 s, amx_bf16 1 thread(s) bf16 qft dd15231",
@@ -282,11 +285,9 @@ def test_finding2s_landed_records_are_copied_without_a_score(tmp_path):
     copied = here / "results" / "finding2" / "runs"
     assert sorted(p.name for p in copied.iterdir()) == ["seed=0"]
     assert sorted(p.name for p in (copied / "seed=0").iterdir()) == ["examples.npz", "result.json"]
-    again = subprocess.run(script, cwd=here, capture_output=True, text=True, timeout=60,
-                           env={"WORKTREE": str(tmp_path / "wt"), "PATH": "/usr/bin:/bin"})
+    again = landed(tmp_path / "wt")
     assert again.stdout.splitlines()[0] == "seed=1: failed (not copied), 400 steps, 2160 test documents, training " \
                                           "1265 s, wall 1470 s, amx_bf16 1 thread(s) bf16 qft dd15231"
     assert len(again.stdout.splitlines()) == 1
-    gone = subprocess.run(script, cwd=here, capture_output=True, text=True, timeout=60,
-                          env={"WORKTREE": str(tmp_path / "none"), "PATH": "/usr/bin:/bin"})
+    gone = landed(tmp_path / "none")
     assert gone.returncode == 2 and gone.stdout == "" and gone.stderr.startswith("landed.py: error: WORKTREE=")
