@@ -401,14 +401,14 @@ def frame_texts(cfg, tokenizer, texts: list[str], label_words: list[str]) -> tup
 
 def prepare(cfg, tokenizer, cache_dir: str | Path) -> Task:
     """Load, frame, tokenize and split; read from the on-disk cache when the same content was seen before."""
-    raw = SOURCES[cfg.source](cfg)
+    raw, digest = _read(cfg)
     classification = cfg.task == "classification"
     labels, label_words, label_tokens = _label_words(cfg, raw, tokenizer) if classification else ([], [], [])
     before, after, prefix, suffix = _frame_ends(cfg, tokenizer, label_words)
     if classification:  # fail on a too-short max_length before any example is tokenized
         _check_room(cfg, len(prefix) + len(suffix), max(map(len, label_tokens)),
                     cfg.max_length - len(prefix) - len(suffix) - max(map(len, label_tokens)))
-    key_src = json.dumps({"raw": hashlib.sha256(json.dumps(raw, sort_keys=True).encode()).hexdigest(),
+    key_src = json.dumps({"raw": digest,
                           "tok": _tokenizer_fingerprint(tokenizer), "before": before, "after": after,
                           "words": label_words, "max_length": cfg.max_length, "task": cfg.task,
                           "split": [cfg.split_seed, cfg.train_size, cfg.val_size, cfg.test_size,
@@ -429,6 +429,25 @@ def prepare(cfg, tokenizer, cache_dir: str | Path) -> Task:
                   for name, items in parts.items()}
         _save_cache(path, cached)
     return Task(cfg.task, label_words, label_tokens, cached, key)
+
+
+_READ: dict = {}  # source -> (what identifies its input, its examples, their digest): this process's last read
+
+
+def _read(cfg) -> tuple[dict, str]:
+    """A source's examples, each part a tuple, and their digest; read once per process (a package's files do not
+    change under it), a local file again where its bytes or the columns read changed: a sweep's later runs read BBC
+    News' 2,225 files and hashed them again, a tenth of their start-up (0.08 s)."""
+    state = None
+    if cfg.source == "local":
+        path = Path(os.path.expanduser(str(cfg.path)))
+        state = (str(path), hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None, cfg.task,
+                 cfg.text_column, cfg.label_column)
+    held = _READ.get(cfg.source)
+    if held is None or held[0] != state:
+        raw = {part: tuple(items) for part, items in SOURCES[cfg.source](cfg).items()}
+        held = _READ[cfg.source] = (state, raw, hashlib.sha256(json.dumps(raw, sort_keys=True).encode()).hexdigest())
+    return dict(held[1]), held[2]
 
 
 def _flat(seqs):

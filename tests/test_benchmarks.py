@@ -136,3 +136,33 @@ def test_compiled_sums_without_fusion_exits_2_with_one_line(tmp_path):
     assert out.returncode == 2 and out.stdout == "" and not list(tmp_path.iterdir())
     assert out.stderr.strip().splitlines() == [out.stderr.strip().splitlines()[-1]]
     assert out.stderr.startswith("compiled.py: error: train.fuse_projections=False")
+
+
+def startup(tmp_path, *args):
+    return subprocess.run([sys.executable, "benchmarks/startup.py", "--out", str(tmp_path), *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_startup_times_later_runs_and_their_parts_against_another_checkout(tmp_path):
+    out = startup(tmp_path, "--against", str(ROOT), "--pairs", "1", "--probes", "2", "model=tiny_llama")
+    assert out.returncode == 0, out.stderr
+    (result,) = tmp_path.glob("startup-against-model_tiny_llama-*.json")
+    got = json.loads(result.read_text())
+    assert set(got["runs"]) == {"this", "against"} and got["settings"]["trees"]["against"] == str(ROOT)
+    for proc in got["runs"]["this"] + got["runs"]["against"]:
+        assert len(proc) == 2
+        for probe in proc:  # the parts and the rest make up the whole; the timed qft functions ran
+            assert sum(v for k, v in probe.items() if k != "total") == pytest.approx(probe["total"])
+            assert all(probe[p] > 0 for p in ("compose", "data", "load", "quantize", "adapters (peft)"))
+    med = got["median_seconds"]
+    assert got["pair_ratios"] == [pytest.approx(med["this"]["total"] / med["against"]["total"])]
+    assert f"| total | {med['this']['total']:.3f} | {med['against']['total']:.3f} |" in out.stdout
+
+
+def test_startup_bad_input_exits_2_with_one_line(tmp_path):
+    out = startup(tmp_path, "--pairs", "1", "--probes", "1", "model=tiny_llama", "data.max_length=16")
+    assert out.returncode == 2 and out.stdout == "" and not list(tmp_path.iterdir())
+    assert len(out.stderr.strip().splitlines()) == 1
+    assert out.stderr.startswith("startup.py: error: data.max_length=16")
+    out = startup(tmp_path, "--against", str(tmp_path))
+    assert out.returncode == 2 and "--against" in out.stderr.strip().splitlines()[-1]

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from qft import model, quant, train
+from qft import data, model, quant, train
 from conftest import build, spread_lora_b
 
 PROMPTS = [[5, 6, 7, 8, 9], [11, 12, 13], [20, 21, 22, 23, 24, 25, 26]]
@@ -293,6 +293,12 @@ def test_tokenizer_is_read_once_per_folder_state_and_handed_out_as_a_copy(tmp_pa
     assert second is not first and second.padding_side == "left" and second.pad_token is not None
     assert second("a test sentence")["input_ids"] == first("a test sentence")["input_ids"]
     assert model._read_tokenizer.cache_info().misses == before + 1  # read once
+    # the Rust backend is shared, not copied: what qft does with a tokenizer leaves it as read
+    state = second.backend_tokenizer.to_str()
+    task = data.prepare(cfg.data, first, tmp_path / "cache")  # every example tokenized (a fresh cache)
+    assert second.backend_tokenizer.to_str() == state
+    first(["a b", "a"], padding=True, truncation=True, max_length=1)  # a caller's padded call: each call sets its own
+    assert data.prepare(cfg.data, second, tmp_path / "other").splits == task.splits
     some = next(f for f in sorted(folder.iterdir()) if f.is_file())
     os.utime(some, ns=(some.stat().st_atime_ns, some.stat().st_mtime_ns + 10**9))  # the folder changed: read again
     model.load_tokenizer(mine)

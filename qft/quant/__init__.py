@@ -89,14 +89,20 @@ def quantize(model: nn.Module, cfg, layers: list[L.Layer], device: torch.device,
     before = hashlib.sha256(torch.get_rng_state().numpy().tobytes()).hexdigest()[:16]
     rng_file = cache.with_name(f"{cache.stem}.rng-{before}.safetensors") if cache is not None else None
     after = load_file(str(rng_file))["rng"] if stored is not None and rng_file.exists() else None
-    keep = {}
+    keep, by_layer = {}, {}
+    for k, v in (stored or {}).items():  # each projection's tensors, grouped once (not a scan of all per projection)
+        name, _, part = k.rpartition(".")
+        while name and name not in settings:  # a tensor's own name may hold dots (quant_state.bitsandbytes__nf4)
+            name, _, head = name.rpartition(".")
+            part = f"{head}.{part}"
+        by_layer.setdefault(name, {})[part] = v
     for layer in layers:
         parent_name, _, child = layer.name.rpartition(".")
         parent = model.get_submodule(parent_name)
         s = settings[layer.name]
         backend = for_settings(s)
         if stored is not None:
-            t = {k[len(layer.name) + 1:]: v for k, v in stored.items() if k.startswith(layer.name + ".")}
+            t = by_layer.get(layer.name, {})
             # drawing as quantize draws keeps the global RNG, and the seeded LoRA init after it, as without the
             # cache; without, the modules are built on the meta device and the RNG state they end in restored
             q = backend.rebuild(t, s, layer.in_features, layer.out_features, compute_dtype, device,
