@@ -63,7 +63,7 @@ def child(a) -> None:
         return inner(*x, **k)
     train.train = train_or_stop
     spec = argparse.Namespace(steps=2, batch=16, seq=64, test=10, qft_overrides=a.qft_overrides)
-    run.run(speed.compose(spec), Path(a.workdir) / "first")
+    first = run.run(speed.compose(spec), Path(a.workdir) / "first")
     probes = []
     for i in range(a.probes):
         train.freeze_survivors()
@@ -79,7 +79,8 @@ def child(a) -> None:
             total = time.perf_counter() - t0
         parts = {"compose": composed, **{p: spent.get(p, 0.0) for p in PARTS}}
         probes.append({"total": total, **parts, "other": total - sum(parts.values())})
-    print(json.dumps(probes))
+    code = {k: first["execution"].get(k) for k in ("qft_commit", "qft_edited", "qft_source")}
+    print(json.dumps({"code": code, "probes": probes}))
 
 
 def main() -> None:
@@ -110,7 +111,7 @@ def main() -> None:
     import speed
 
     trees = {"this": str(ROOT), **({"against": str(Path(a.against).resolve())} if a.against else {})}
-    runs = {k: [] for k in trees}
+    runs, code = {k: [] for k in trees}, {}  # code: each checkout's qft commit, edits and source digest
     with tempfile.TemporaryDirectory(prefix="qft-startup-") as work:
         for rep in range(a.pairs):
             for kind, tree in trees.items():
@@ -121,11 +122,14 @@ def main() -> None:
                     raise SystemExit(print(p.stderr.strip().splitlines()[-1], file=sys.stderr) or 2)
                 if p.returncode:
                     raise SystemExit(f"startup.py: {kind} ({tree}) failed:\n{p.stderr[-3000:]}")
-                runs[kind].append(json.loads(p.stdout.strip().splitlines()[-1]))
+                got = json.loads(p.stdout.strip().splitlines()[-1])
+                runs[kind].append(got["probes"])
+                code.setdefault(kind, got["code"])
     where = speed.machine()
     names = ["total", "compose", *PARTS, "other"]
     med = {k: {n: statistics.median(pr[n] for proc in v for pr in proc) for n in names} for k, v in runs.items()}
-    out = {"settings": {**where, "pairs": a.pairs, "probes": a.probes, "overrides": a.qft_overrides, "trees": trees},
+    out = {"settings": {**where, "pairs": a.pairs, "probes": a.probes, "overrides": a.qft_overrides, "trees": trees,
+                        "code": code},
            "median_seconds": med, "runs": runs}
     print(f"{where['cpu']} ({where['cpu_kind']}), {where['threads']} threads; median of {a.pairs} x {a.probes} probes, "
           "seconds")

@@ -149,6 +149,8 @@ def test_startup_times_later_runs_and_their_parts_against_another_checkout(tmp_p
     (result,) = tmp_path.glob("startup-against-model_tiny_llama-*.json")
     got = json.loads(result.read_text())
     assert set(got["runs"]) == {"this", "against"} and got["settings"]["trees"]["against"] == str(ROOT)
+    assert got["settings"]["code"]["this"] == got["settings"]["code"]["against"]  # one checkout: one source
+    assert len(got["settings"]["code"]["this"]["qft_source"]) == 16
     for proc in got["runs"]["this"] + got["runs"]["against"]:
         assert len(proc) == 2
         for probe in proc:  # the parts and the rest make up the whole; the timed qft functions ran
