@@ -418,12 +418,14 @@ def compile_rope(model) -> list:
     q and k, about 2-3% of a SmolLM2 step (benchmarks/README.md). The hook is the per-module rotary function that
     transformers keeps for its `kernels` hub (a `kernelize` of ours): where an architecture's function is not the
     one computed here, bit for bit on a probe, or numba or that wrapper is missing, nothing changes. Returns the
-    functions switched (their `compiled` flag); compiles the loops here, before any step."""
+    functions switched (their `compiled` flag); compiles the loops here, before any step, and before the probe runs
+    one: numba's OpenMP start-up would reset torch's thread count there, and the record's `threads` with it."""
     try:
         from qft import kernels
     except ImportError:  # numba is not installed
         return []
     switched, checked = [], {}
+    kernels.warm()
     for module in model.modules():
         for func in getattr(module, "_kernel_funcs", {}).values():
             if getattr(func, "kernel_layer_name", None) != "rotary_pos_emb":
@@ -434,8 +436,6 @@ def compile_rope(model) -> list:
                 func.compiled = True
                 func.forward = types.MethodType(_compiled_rope, func)
                 switched.append(func)
-    if switched:
-        kernels.warm()
     return switched
 
 

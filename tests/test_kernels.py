@@ -90,20 +90,27 @@ def test_bf16_rounding_is_torchs_for_every_exponent_and_mantissa_and_each_way_of
 
 
 THREADS = """
-import torch
-from qft import adapter
+import sys, torch
+from qft import adapter, model
+sys.path.insert(0, "tests")
+from conftest import make_cfg
 torch.ones(1000, 1000) @ torch.ones(1000, 1000)  # torch's OpenMP runtime loaded and in use
 before = torch.get_num_threads()
-adapter.compile_masks(torch.nn.Sequential(adapter.FastDropout(0.1)))
+if sys.argv[1] == "masks":
+    adapter.compile_masks(torch.nn.Sequential(adapter.FastDropout(0.1)))
+else:  # the rotary loop's install, whose probe runs the compiled loop before it is warmed
+    cfg = make_cfg()
+    assert model.compile_rope(model.load(model.resolve(cfg.model, cfg.cache_dir)))
 print(before, torch.get_num_threads())
 """
 
 
-def test_compiling_the_masks_keeps_torchs_thread_count():
+@pytest.mark.parametrize("switch", ["masks", "rope"])
+def test_compiling_a_loop_keeps_torchs_thread_count(switch):
     """numba's OpenMP start-up sets the process's thread count (torch's libgomp is the one it reaches): a 1-thread
     run (xdist workers, pipeline stages, OMP_NUM_THREADS=1 studies) must stay at 1, as its record says."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "-c", THREADS], capture_output=True, text=True, env=env, timeout=300,
+    out = subprocess.run([sys.executable, "-c", THREADS, switch], capture_output=True, text=True, env=env, timeout=300,
                          cwd=Path(__file__).resolve().parent.parent)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["1", "1"]

@@ -332,8 +332,10 @@ def test_report_splits_datasets_and_says_which_differences_beat_the_noise(tmp_pa
     se = 0.090 / abs(welch.statistic)
     beyond = st.t.sf((0.090 - 0.02) / se, welch.df) + st.t.sf((0.090 + 0.02) / se, welch.df)
     assert beyond < 0.05
+    # equivalence within ±0.02 (TOST): the larger of the two one-sided p-values, here near 1
+    tost = max(st.t.sf((-0.090 + 0.02) / se, welch.df), st.t.cdf((-0.090 - 0.02) / se, welch.df))
     assert f"| 0.820 | ±{st.t.ppf(0.975, 2) * 0.02 / math.sqrt(3):.3f} | -0.090 [{ci.low:+.3f}, {ci.high:+.3f}] " \
-           f"p_adj {welch.pvalue:.2g} differs (by more than ±0.02) |" in bbc
+           f"p_adj {welch.pvalue:.2g}, TOST p_adj {tost:.2g} differs (by more than ±0.02) |" in bbc
     assert "| 0.910 |" in bbc and "| best |" in bbc and "The reference is the best cell on this same test set" in bbc
     # reuters: 0.70 vs 0.70 with wide spreads: neither a difference nor equivalence within 0.02
     assert "inconclusive" in reuters and "differs" not in reuters.split("\n", 2)[2]
@@ -373,9 +375,13 @@ def test_report_compares_with_a_reference_within_groups(tmp_path):
                                 + st.t.sf(abs(w.statistic) * (1 + 0.02 / abs(d)), w.df))
                             for w, d in ((w4, -0.110), (w8, 0.010))], method="holm")[1]
     word = "differs (by more than ±0.02)" if beyond[0] < 0.05 else "differs"
-    assert rows[("4", "3")].endswith(f"| -0.110 [{c4.low:+.3f}, {c4.high:+.3f}] p_adj {2 * holm[0]:.2g} {word} | 1 |")
-    assert rows[("8", "3")].endswith(f"| +0.010 [{c8.low:+.3f}, {c8.high:+.3f}] p_adj {max(2 * holm[0], holm[1]):.2g} "
-                                     "inconclusive | 1 |")
+    tost = multipletests([max(st.t.sf((d + 0.02) / (abs(d) / abs(w.statistic)), w.df),
+                              st.t.cdf((d - 0.02) / (abs(d) / abs(w.statistic)), w.df))
+                          for w, d in ((w4, -0.110), (w8, 0.010))], method="holm")[1]
+    assert rows[("4", "3")].endswith(f"| -0.110 [{c4.low:+.3f}, {c4.high:+.3f}] p_adj {2 * holm[0]:.2g}, TOST p_adj "
+                                     f"{tost[0]:.2g} {word} | 1 |")
+    assert rows[("8", "3")].endswith(f"| +0.010 [{c8.low:+.3f}, {c8.high:+.3f}] p_adj {max(2 * holm[0], holm[1]):.2g}, "
+                                     f"TOST p_adj {tost[1]:.2g} inconclusive | 1 |")
     assert "| reference |" in rows[("4", "8")] and "| reference |" in rows[("8", "8")]
     assert "params_shallow" not in text  # thirds of equal size are no depth study
     assert files["cells"].read_bytes()[:4] == b"\x89PNG"

@@ -52,7 +52,7 @@ def grouped(df, versus: dict | None = None, within: tuple = (), margin: float = 
             if ref is not None and i != ref:
                 comparisons[i] = compare_configs(ok, out.config_key[i], out.config_key[ref], margin)
     stats.holm(list(comparisons.values()))
-    for col in ("vs_diff", "vs_low", "vs_high", "vs_p_adj"):
+    for col in ("vs_diff", "vs_low", "vs_high", "vs_p_adj", "vs_p_tost_adj"):
         out[col] = float("nan")
     out["vs_verdict"], out["vs_method"] = "", ""
     for i, c in comparisons.items():
@@ -61,7 +61,8 @@ def grouped(df, versus: dict | None = None, within: tuple = (), margin: float = 
             if mixed(ok, runs):
                 out.loc[i, "vs_verdict"] = "not comparable"  # its records ran on different kinds of execution
         else:
-            out.loc[i, ["vs_diff", "vs_low", "vs_high", "vs_p_adj"]] = [c.diff, c.low, c.high, c.p_adj]
+            out.loc[i, ["vs_diff", "vs_low", "vs_high", "vs_p_adj", "vs_p_tost_adj"]] = [c.diff, c.low, c.high, c.p_adj,
+                                                                                       c.p_tost_adj]
             out.loc[i, ["vs_verdict", "vs_method"]] = [c.word(), c.method]
     return out
 

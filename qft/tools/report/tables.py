@@ -35,7 +35,8 @@ def _vs(r, versus) -> str:
         return ""
     if r.vs_verdict == "not comparable":
         return "not comparable (kinds of execution differ)"
-    return f"{r.vs_diff:+.3f} [{r.vs_low:+.3f}, {r.vs_high:+.3f}] p_adj {r.vs_p_adj:.2g} {r.vs_verdict}"
+    return (f"{r.vs_diff:+.3f} [{r.vs_low:+.3f}, {r.vs_high:+.3f}] p_adj {r.vs_p_adj:.2g}, TOST p_adj "
+            f"{r.vs_p_tost_adj:.2g} {r.vs_verdict}")
 
 
 def markdown(g, df, versus: dict | None = None, within: tuple = (), margin: float = MARGIN) -> str:
@@ -58,7 +59,8 @@ def markdown(g, df, versus: dict | None = None, within: tuple = (), margin: floa
     head = (f"{len(df)} runs: {int((df.status == 'ok').sum())} ok, {len(failed)} not ok. Test accuracy: mean over seeds "
             f"with its 95% t interval (an untrained cell is one evaluation){'; macro-F1: mean over seeds' if f1 else ''}. **Exploratory**: {name} is the difference "
             f"from the {'reference' if versus else 'best'} configuration{' of its group' if within else ''}, its 95% "
-            f"interval (unadjusted), its Holm-adjusted p across these {n} comparisons and a verdict (differs / "
+            f"interval (unadjusted), its Holm-adjusted p of a difference and of equivalence within ±{margin:g} (TOST) "
+            f"across these {n} comparisons and a verdict (differs / "
             f"equivalent within ±{margin:g} / inconclusive) from the adjusted tests ({', '.join(methods) or 'none'}; paired-crossed: per-example over seeds and examples, "
             "welch / one-sample, this test set: over seeds only, for records without per-example scores, so the test set's "
             "own sampling noise is not in the interval). "
