@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import shutil
+import sys
 import time
 import traceback
 from dataclasses import dataclass
@@ -110,7 +111,10 @@ class Built:
 
 def build(cfg, source: model.Source, device: torch.device, trains_on: torch.device | None = None) -> Built:
     """Seed, load the base, quantize it per layer type and attach the adapters per layer type; on `device`, for
-    training on `trains_on` (a pipeline's stages build on the CPU: default, `device`)."""
+    training on `trains_on` (a pipeline's stages build on the CPU: default, `device`). The thread count the build
+    found is the one it leaves: a library's OpenMP start-up in it (numba's did, before the loops were warmed first)
+    would have the run compute at another count than its record names."""
+    threads = torch.get_num_threads()
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
@@ -137,6 +141,10 @@ def build(cfg, source: model.Source, device: torch.device, trains_on: torch.devi
         if cfg.train.get("split_rows", False) and cpu:
             ran["split_rows"] = bool(fuse.split_rows(net))
     depth_groups = {g: tuple(v["layers"]) for g, v in (cfg.adapter.depth_groups or {}).items()} or None
+    if torch.get_num_threads() != threads:
+        print(f"qft: note: torch's thread count moved from {threads} to {torch.get_num_threads()} while the model was "
+              f"built; put back to {threads}", file=sys.stderr)
+        torch.set_num_threads(threads)
     return Built(net, projections, bits, plan, adapter.count(plan, projections, depth_groups), base_bytes, ran)
 
 

@@ -311,6 +311,21 @@ def test_build_reports_which_execution_switches_it_installed(overrides, off, mon
     assert ran == {k: k not in off for k in record.SWITCHES}
 
 
+def test_build_leaves_the_thread_count_it_found(monkeypatch, capsys):
+    """A library that moves torch's thread count while the model is built (numba's OpenMP start-up did) must not
+    leave the run computing at another count than its record names."""
+    cfg = make_cfg()
+    source = model.resolve(cfg.model, cfg.cache_dir)
+    before, real = torch.get_num_threads(), model.compile_rope
+    monkeypatch.setattr(model, "compile_rope", lambda net: torch.set_num_threads(before + 1) or real(net))
+    try:
+        run.build(cfg, source, torch.device("cpu"))
+        assert torch.get_num_threads() == before
+        assert f"thread count moved from {before} to {before + 1} while the model was built" in capsys.readouterr().err
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_build_for_training_elsewhere_installs_no_cpu_switch():
     """A pipeline's stages build on the CPU and train on their GPUs: the CPU loops are not installed there."""
     cfg = make_cfg()
