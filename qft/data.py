@@ -408,6 +408,9 @@ def prepare(cfg, tokenizer, cache_dir: str | Path) -> Task:
     if classification:  # fail on a too-short max_length before any example is tokenized
         _check_room(cfg, len(prefix) + len(suffix), max(map(len, label_tokens)),
                     cfg.max_length - len(prefix) - len(suffix) - max(map(len, label_tokens)))
+    # the tokenizer's fingerprint reads its backend's padding and truncation too, which the plain calls above have
+    # just set off: a caller's padded call before prepare (the backend is shared, qft.model.load_tokenizer) does not
+    # move the key
     key_src = json.dumps({"raw": digest,
                           "tok": _tokenizer_fingerprint(tokenizer), "before": before, "after": after,
                           "words": label_words, "max_length": cfg.max_length, "task": cfg.task,

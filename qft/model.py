@@ -14,6 +14,7 @@ import importlib.util
 import os
 import shutil
 import tempfile
+import threading
 import types
 from dataclasses import dataclass
 from pathlib import Path
@@ -228,20 +229,21 @@ def _load_config(folder: Path, trust: bool):
 
 
 def load_tokenizer(source: Source):
-    """The tokenizer, left-padding, with a pad token: a copy of one read once per process and folder state (in a
+    """The tokenizer, left-padding, with a pad token: a copy of one read once per thread and folder state (in a
     sweep's later runs reading it again was a quarter of their start-up, 0.12-0.30 s). The copy's Python-side settings
-    (padding side, special tokens) are its own; the Rust backend is shared, as a deep copy of it took 0.08-0.1 s of a
-    0.8 s start-up: transformers sets its truncation and padding at each call to what that call asks, and qft adds no
-    tokens to it (a caller who does changes it for later copies of this process)."""
+    (padding side, special tokens) are its own; the Rust backend is shared with the thread's other copies, as a deep
+    copy of it took 0.08-0.1 s of a 0.8 s start-up: transformers sets its truncation and padding at each call to what
+    that call asks, and qft adds no tokens to it (a caller who does changes it for later copies in this thread). Sweep
+    jobs run as threads each read their own: one backend is not to be used by two threads at once."""
     folder = Path(source.tokenizer_dir)
-    read = _read_tokenizer(str(folder), source.trust_remote_code, _files_state(folder))
+    read = _read_tokenizer(str(folder), source.trust_remote_code, _files_state(folder), threading.get_ident())
     out = copy.copy(read)
     out.__dict__.update({k: copy.copy(v) for k, v in read.__dict__.items() if isinstance(v, (dict, list, set))})
     return out
 
 
 @functools.lru_cache(maxsize=4)
-def _read_tokenizer(folder: str, trust_remote_code: bool, state: tuple):
+def _read_tokenizer(folder: str, trust_remote_code: bool, state: tuple, thread: int):
     from transformers import AutoTokenizer
 
     try:

@@ -98,14 +98,18 @@ torch.ones(1000, 1000) @ torch.ones(1000, 1000)  # torch's OpenMP runtime loaded
 before = torch.get_num_threads()
 if sys.argv[1] == "masks":
     adapter.compile_masks(torch.nn.Sequential(adapter.FastDropout(0.1)))
-else:  # the rotary loop's install, whose probe runs the compiled loop before it is warmed
+elif sys.argv[1] == "rope":  # the rotary loop's install, whose probe runs a compiled loop
     cfg = make_cfg()
     assert model.compile_rope(model.load(model.resolve(cfg.model, cfg.cache_dir)))
+else:  # a whole build whose first compiled install is the rotary loop's (no masks to install first)
+    from qft import run
+    cfg = make_cfg("train.compiled_masks=false")
+    assert run.build(cfg, model.resolve(cfg.model, cfg.cache_dir), torch.device("cpu")).ran["compiled_rope"]
 print(before, torch.get_num_threads())
 """
 
 
-@pytest.mark.parametrize("switch", ["masks", "rope"])
+@pytest.mark.parametrize("switch", ["masks", "rope", "build"])
 def test_compiling_a_loop_keeps_torchs_thread_count(switch):
     """numba's OpenMP start-up sets the process's thread count (torch's libgomp is the one it reaches): a 1-thread
     run (xdist workers, pipeline stages, OMP_NUM_THREADS=1 studies) must stay at 1, as its record says."""

@@ -293,7 +293,16 @@ def test_tokenizer_is_read_once_per_folder_state_and_handed_out_as_a_copy(tmp_pa
     assert second is not first and second.padding_side == "left" and second.pad_token is not None
     assert second("a test sentence")["input_ids"] == first("a test sentence")["input_ids"]
     assert model._read_tokenizer.cache_info().misses == before + 1  # read once
-    # the Rust backend is shared, not copied: what qft does with a tokenizer leaves it as read
+    # the Rust backend is shared within a thread, not copied: what qft does with a tokenizer leaves it as read
+    assert second.backend_tokenizer is first.backend_tokenizer
+    import threading
+
+    other = []
+    thread = threading.Thread(target=lambda: other.append(model.load_tokenizer(mine)))  # a sweep job run as a thread
+    thread.start()
+    thread.join()
+    assert other[0].backend_tokenizer is not first.backend_tokenizer
+    assert other[0]("a test sentence")["input_ids"] == first("a test sentence")["input_ids"]
     state = second.backend_tokenizer.to_str()
     task = data.prepare(cfg.data, first, tmp_path / "cache")  # every example tokenized (a fresh cache)
     assert second.backend_tokenizer.to_str() == state
@@ -302,7 +311,7 @@ def test_tokenizer_is_read_once_per_folder_state_and_handed_out_as_a_copy(tmp_pa
     some = next(f for f in sorted(folder.iterdir()) if f.is_file())
     os.utime(some, ns=(some.stat().st_atime_ns, some.stat().st_mtime_ns + 10**9))  # the folder changed: read again
     model.load_tokenizer(mine)
-    assert model._read_tokenizer.cache_info().misses == before + 2
+    assert model._read_tokenizer.cache_info().misses == before + 3  # the other thread's read, then this one's
 
 
 def sweep_in_process(tmp_path, monkeypatch, *overrides) -> tuple[list, list]:
