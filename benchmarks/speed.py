@@ -46,20 +46,37 @@ def compose(a):
 
 
 class _Started(Exception):
-    """Raised at the first training step of the in-sweep start-up probe."""
+    """Raised where a later run's training loop would begin."""
+
+
+def until_training(cfg, run_dir: Path) -> None:
+    """Run a config in this process, as Hydra's basic launcher runs a sweep's later jobs (imports paid, model
+    converted, data tokenized, quantized base cached), until its training loop begins: the span this script and
+    startup.py time as a later run's start-up."""
+    from qft import run, train
+
+    inner = train.train
+
+    def stop(*args, **kw):
+        raise _Started
+    train.train = stop
+    try:
+        run.run(cfg, run_dir)
+    except _Started:
+        return
+    finally:
+        train.train = inner
+    raise SystemExit(f"a run in {run_dir} finished without reaching its training loop")
 
 
 def run_qft(a, t0: float, out: dict) -> None:
-    """One measured run, then the start-up of a second run in the same process, as Hydra's basic launcher runs
-    a sweep's later jobs (imports paid, model converted, data tokenized, quantized base cached)."""
+    """One measured run, then the start-up of a second run in the same process (`until_training`)."""
     from qft import run, train
 
     inner, marks, finish, ends = train.train, {}, train.finish_step, []
 
-    def timed(*args, **kw):  # start-up = launch (or the job's start) until the training loop begins
+    def timed(*args, **kw):  # start-up = launch until the training loop begins
         marks["first_step"] = time.time()
-        if marks.get("probe"):
-            raise _Started
         return inner(*args, **kw)
 
     def step_end(*args, **kw):
@@ -76,12 +93,10 @@ def run_qft(a, t0: float, out: dict) -> None:
                qft_source=(rec.get("execution") or {}).get("qft_source"))
     t_freeze = time.time()
     train.freeze_survivors()  # what qft's task function does between a sweep's runs; timed apart
-    marks["probe"], t1 = True, time.time()
+    t1 = time.time()
     out["sweep_freeze_seconds"] = t1 - t_freeze
-    try:
-        run.run(compose(a), Path(a.workdir + "-next"))
-    except _Started:
-        out["sweep_startup_seconds"] = marks["first_step"] - t1
+    until_training(compose(a), Path(a.workdir + "-next"))
+    out["sweep_startup_seconds"] = time.time() - t1
 
 
 def code_versions(runs: list[dict]) -> list[str | None]:

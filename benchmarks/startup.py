@@ -30,10 +30,6 @@ PARTS = {"validate": [("validate", "validate")], "tokenizer": [("model", "load_t
                       ("fuse", "compile_sums"), ("fuse", "split_rows")]}
 
 
-class _Started(Exception):
-    """Raised where a probe's training loop would begin."""
-
-
 def child(a) -> None:
     """In this process, with qft imported from `a.tree`: one run, then the probes; their timings as JSON on stdout."""
     sys.path[:0] = [str(Path(a.tree).resolve()), str(HERE)]
@@ -55,28 +51,17 @@ def child(a) -> None:
                 finally:
                     spent[_part] = spent.get(_part, 0.0) + time.perf_counter() - t
             setattr(m, name, timed)
-    inner, probing = train.train, []
-
-    def train_or_stop(*x, **k):
-        if probing:
-            raise _Started
-        return inner(*x, **k)
-    train.train = train_or_stop
     spec = argparse.Namespace(steps=2, batch=16, seq=64, test=10, qft_overrides=a.qft_overrides)
     first = run.run(speed.compose(spec), Path(a.workdir) / "first")
     probes = []
     for i in range(a.probes):
         train.freeze_survivors()
         spent.clear()
-        probing.append(True)
         t0 = time.perf_counter()
         cfg = speed.compose(spec)
         composed = time.perf_counter() - t0
-        try:
-            run.run(cfg, Path(a.workdir) / f"probe{i}")
-            raise SystemExit("startup.py: a probe's run finished without reaching its training loop")
-        except _Started:
-            total = time.perf_counter() - t0
+        speed.until_training(cfg, Path(a.workdir) / f"probe{i}")
+        total = time.perf_counter() - t0
         parts = {"compose": composed, **{p: spent.get(p, 0.0) for p in PARTS}}
         probes.append({"total": total, **parts, "other": total - sum(parts.values())})
     code = {k: first["execution"].get(k) for k in ("qft_commit", "qft_edited", "qft_source")}

@@ -427,12 +427,12 @@ def compile_rope(model) -> list:
     except ImportError:  # numba is not installed
         return []
     switched, checked = [], {}
-    kernels.warm()
     for module in model.modules():
         for func in getattr(module, "_kernel_funcs", {}).values():
             if getattr(func, "kernel_layer_name", None) != "rotary_pos_emb":
                 continue
             if type(func) not in checked:
+                kernels.warm()  # before the probe runs a loop (once a process; nothing where no function is probed)
                 checked[type(func)] = _rope_is_hfs(type(func)().__call__)
             if checked[type(func)]:
                 func.compiled = True
