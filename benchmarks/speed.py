@@ -286,6 +286,42 @@ def useful_flops_per_step(a, tokens_per_step: float, answer_tokens_per_step: flo
     return layers * (base + lora + attn) * tokens_per_step + head * answer_tokens_per_step
 
 
+def ratio_bound(summary: dict) -> dict:
+    """What the matmul rate allows in this invocation. `at_ceiling` (`at_step_shapes`): the ratio qft would reach
+    with its useful FLOPs a step at the 2048^3 ceiling (at the rate of the step's own frozen shapes back to back)
+    against the stock recipe's measured pace (steady; whole-run in files before steady rates): a target above it
+    cannot be met here by any exact implementation. `flops_ratio`: the stock recipe's FLOPs a step over qft's (its
+    LM head runs over every position); the ratio tends to it where both run near the ceiling, as on a CPU whose
+    matmuls are slow against the rest. `stock_mfu`: the stock recipe's own FLOPs over the ceiling."""
+    s = summary["settings"]
+    qft = [r for r in summary["runs"] if r["kind"] == "qft"]
+    tokens = statistics.median(r["train_tokens"] / s["steps"] for r in qft)
+    shape = argparse.Namespace(seq=s["seq"])
+    flops = useful_flops_per_step(shape, tokens, s["batch"] * 1.2)
+    pace = "steady_tokens_per_second" if "steady_tokens_per_second" in summary else "tokens_per_second"
+    stock = summary[pace]["baseline"]
+    ceiling = summary["matmul_ceiling_gflops"][summary.get("qft_compute_dtype", s["baseline_dtype"])]
+    rates = {"ceiling": ceiling, "step_shapes": summary.get("step_shape_matmul_gflops")}
+    out = {f"at_{k}": tokens / (flops / (g * 1e9)) / stock for k, g in rates.items() if g}
+    out["flops_ratio"] = useful_flops_per_step(shape, tokens, tokens) / flops
+    out["stock_mfu"] = out["flops_ratio"] / out["at_ceiling"]
+    out.update(stock_pace=pace, qft_ratio=summary[pace]["ratio_qft_over_baseline"])
+    return out
+
+
+def print_bounds(files: list[str]) -> None:
+    for f in files:
+        try:
+            b = ratio_bound(json.loads(Path(f).read_text()))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise SystemExit(print(f"speed.py: error: --bound {f}: not a speed.py results file ({e!r})",
+                                   file=sys.stderr) or 2)
+        shapes = f", {b['at_step_shapes']:.2f}x at the step's shapes" if "at_step_shapes" in b else ""
+        print(f"{Path(f).name}: qft {b['qft_ratio']:.2f}x the stock recipe ({b['stock_pace']}); the matmul rate "
+              f"allows {b['at_ceiling']:.2f}x at the ceiling{shapes}, {b['flops_ratio']:.2f}x where both run at "
+              f"it (the stock recipe at {b['stock_mfu']:.0%} of the ceiling here)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=20)
@@ -303,10 +339,14 @@ def main() -> None:
     ap.add_argument("--worker", choices=["qft", "qft_unfused", "qft_also", "baseline"])
     ap.add_argument("--json-out")
     ap.add_argument("--workdir")
+    ap.add_argument("--bound", nargs="+", metavar="RESULT", help="print, for each results file, the ratio an exact "
+                    "implementation could reach at most there (its FLOPs at the matmul rate), and run nothing")
     ap.add_argument("qft_overrides", nargs="*", help="extra qft overrides, e.g. quant.cache_dequantized=true")
     a = ap.parse_args()
     if a.worker:
         return worker(a)
+    if a.bound:
+        return print_bounds(a.bound)
     out_dir = Path(a.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     from qft.model import compute_dtype_name
@@ -364,6 +404,7 @@ def main() -> None:
                            **machine()}
     summary["qft_sources"] = code_versions(runs)
     summary["runs"] = runs
+    summary["ratio_bound"] = ratio_bound(summary)
     name = result_name(a, summary["settings"]["cpu_kind"], summary["settings"]["isa_caps"])
     (out_dir / f"{name}.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps({k: v for k, v in summary.items() if k != "runs"}, indent=1))

@@ -168,3 +168,37 @@ def test_startup_bad_input_exits_2_with_one_line(tmp_path):
     assert out.stderr.startswith("startup.py: error: data.max_length=16")
     out = startup(tmp_path, "--against", str(tmp_path))
     assert out.returncode == 2 and "--against" in out.stderr.strip().splitlines()[-1]
+
+
+def test_ratio_bound_is_the_stock_pace_against_qfts_flops_at_the_matmul_rate(tmp_path):
+    """1,024 tokens a step; the stock recipe at 100 tokens/s steady (10.24 s a step); qft's useful FLOPs at a
+    200 GFLOP/s ceiling take F / 200e9 s, so the most qft could be is 10.24 / (F / 200e9) times the stock recipe."""
+    summary = {"settings": {"seq": 64, "batch": 16, "steps": 2, "baseline_dtype": "fp32"},
+               "runs": [{"kind": "qft", "train_tokens": 2048}, {"kind": "baseline", "train_tokens": 2048}],
+               "steady_tokens_per_second": {"baseline": 100.0, "ratio_qft_over_baseline": 1.5},
+               "tokens_per_second": {"baseline": 80.0, "ratio_qft_over_baseline": 1.4},
+               "matmul_ceiling_gflops": {"bf16": 5.0, "fp32": 200.0}, "qft_compute_dtype": "fp32",
+               "step_shape_matmul_gflops": 150.0}
+    layer = sum(4 * i * o + 6 * 8 * (i + o) for i, o in speed.SHAPES) + 3 * 4 * 32 * 576  # frozen, LoRA, attention
+    flops = 30 * layer * 1024 + 4 * 576 * 49152 * 16 * 1.2  # the head at 1.2 answer tokens an example
+    b = speed.ratio_bound(summary)
+    assert b["at_ceiling"] == pytest.approx(10.24 / (flops / 200e9))
+    assert b["at_step_shapes"] == pytest.approx(10.24 / (flops / 150e9))
+    assert b["flops_ratio"] == pytest.approx((flops + 4 * 576 * 49152 * (1024 - 19.2)) / flops)
+    assert 1.2 < b["flops_ratio"] < 1.3  # the stock recipe's head over all 64 positions: a quarter more work
+    assert b["stock_mfu"] == pytest.approx(b["flops_ratio"] * flops / 10.24 / 200e9)
+    assert (b["stock_pace"], b["qft_ratio"]) == ("steady_tokens_per_second", 1.5)
+    del summary["steady_tokens_per_second"], summary["step_shape_matmul_gflops"]  # a file before steady rates
+    b = speed.ratio_bound(summary)
+    assert b["at_ceiling"] == pytest.approx(1024 / (flops / 200e9) / 80.0)
+    assert "at_step_shapes" not in b and b["stock_pace"] == "tokens_per_second"
+    committed = ROOT / "benchmarks" / "results" / "speed-seq64-baseline_fp32.json"  # the AVX2-only CPU, 2026-12-02
+    bad = tmp_path / "x.json"
+    bad.write_text("{}")
+    ok = subprocess.run([sys.executable, "benchmarks/speed.py", "--bound", str(committed)], cwd=ROOT,
+                        capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0 and re.search(r"allows 2\.07x at the ceiling, 1\.25x where both", ok.stdout), ok.stdout
+    for f in (bad, tmp_path / "missing.json"):
+        r = subprocess.run([sys.executable, "benchmarks/speed.py", "--bound", str(f)], cwd=ROOT, capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "--bound" in r.stderr, r.stderr
