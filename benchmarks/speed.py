@@ -4,11 +4,14 @@
     python benchmarks/speed.py --seq 128 --steps 10 # the longer-sequence point
     python benchmarks/speed.py --unfused            # also qft with train.fuse_projections=false, alternating
     python benchmarks/speed.py --also quant.attention_dtype=fp32   # also qft with a switch, alternating
+    python benchmarks/speed.py --reps 6 --target 2.2  # is 2.2x met? the repetitions' ratios as an interval
+    python benchmarks/speed.py --read results/FILE.json --target 2.2   # the same, from a file already there
 
 Each measurement is its own process (so start-up and peak RSS are clean), in the order qft, baseline,
 qft, baseline, ...; the medians and the qft/baseline ratios go to benchmarks/results/. The dense bf16
 matmul ceiling is measured in the same run, before and after, and qft's model FLOPs utilisation is the
-useful forward + backward FLOPs of its steps over that ceiling.
+useful forward + backward FLOPs of its steps over that ceiling. A target is judged on the repetitions' paired
+ratios (`ratio_interval`), never on one ratio of medians; `ratio_bound` says what the matmul rate allows.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import json
+import math
 import os
 import resource
 import statistics
@@ -309,17 +313,58 @@ def ratio_bound(summary: dict) -> dict:
     return out
 
 
-def print_bounds(files: list[str]) -> None:
+def ratio_interval(ratios: list[float], target: float | None = None, level: float = 0.90) -> dict:
+    """The repetitions' paired ratios as a geometric mean with a t-interval on their logs, and where a target is
+    given, whether it is met: "met" where the interval's lower end is at or above it, "short" where its upper end
+    is below it, "unresolved" otherwise. At the 90% level each end is a one-sided test at 0.05, as TOST's two are.
+    Reads the repetitions as independent draws of the host's pace, which drifts within an hour: alternate and
+    repeat more (`--reps`) rather than read one invocation's ratio of medians against a target."""
+    from scipy import stats
+
+    logs = [math.log(r) for r in ratios]
+    mean = statistics.fmean(logs)
+    out = {"n": len(logs), "geometric_mean": math.exp(mean), "level": level, "low": None, "high": None}
+    if len(logs) > 1:
+        half = stats.t.ppf(0.5 + level / 2, len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
+        out.update(low=math.exp(mean - half), high=math.exp(mean + half))
+    if target is not None:
+        out["target"] = target
+        out["verdict"] = ("met" if out["low"] is not None and out["low"] >= target else
+                          "short" if out["high"] is not None and out["high"] < target else "unresolved")
+    return out
+
+
+def numbered(runs: list[dict]) -> list[dict]:
+    """Runs of files written before runs carried their repetition: each kind's n-th run is repetition n, as the
+    invocation ran them (each repetition all kinds in turn)."""
+    seen: dict[str, int] = {}
+    out = []
+    for r in runs:
+        out.append({"rep": seen.get(r["kind"], 0), **r})
+        seen[r["kind"]] = seen.get(r["kind"], 0) + 1
+    return out
+
+
+def read(files: list[str], target: float | None) -> None:
+    """Each results file's ratios read again: the repetitions' interval, a target's verdict, the matmul's bound."""
     for f in files:
         try:
-            b = ratio_bound(json.loads(Path(f).read_text()))
+            summary = json.loads(Path(f).read_text())
+            b = ratio_bound(summary)
+            pace = b["stock_pace"]
+            ratios = summary[pace].get("ratio_qft_over_baseline_per_rep") or paired_ratios(numbered(summary["runs"]), pace)
         except (OSError, ValueError, KeyError, TypeError) as e:
-            raise SystemExit(print(f"speed.py: error: --bound {f}: not a speed.py results file ({e!r})",
+            raise SystemExit(print(f"speed.py: error: --read {f}: not a speed.py results file ({e!r})",
                                    file=sys.stderr) or 2)
+        ci = ratio_interval(ratios, target)
+        span = (f"{ci['low']:.2f}-{ci['high']:.2f} ({ci['level']:.0%} interval, {ci['n']} repetitions)"
+                if ci["low"] else f"no interval from {ci['n']} repetition")
+        verdict = f"; target {target}x: {ci['verdict']}" if target is not None else ""
         shapes = f", {b['at_step_shapes']:.2f}x at the step's shapes" if "at_step_shapes" in b else ""
-        print(f"{Path(f).name}: qft {b['qft_ratio']:.2f}x the stock recipe ({b['stock_pace']}); the matmul rate "
-              f"allows {b['at_ceiling']:.2f}x at the ceiling{shapes}, {b['flops_ratio']:.2f}x where both run at "
-              f"it (the stock recipe at {b['stock_mfu']:.0%} of the ceiling here)")
+        print(f"{Path(f).name}: qft {b['qft_ratio']:.2f}x the stock recipe ({pace}), each repetition "
+              f"{', '.join(f'{r:.2f}' for r in ratios)}: {span}{verdict}. The matmul rate allows "
+              f"{b['at_ceiling']:.2f}x at the ceiling{shapes}, {b['flops_ratio']:.2f}x where both run at it "
+              f"(the stock recipe at {b['stock_mfu']:.0%} of the ceiling here)")
 
 
 def main() -> None:
@@ -339,14 +384,15 @@ def main() -> None:
     ap.add_argument("--worker", choices=["qft", "qft_unfused", "qft_also", "baseline"])
     ap.add_argument("--json-out")
     ap.add_argument("--workdir")
-    ap.add_argument("--bound", nargs="+", metavar="RESULT", help="print, for each results file, the ratio an exact "
-                    "implementation could reach at most there (its FLOPs at the matmul rate), and run nothing")
+    ap.add_argument("--target", type=float, help="a qft / stock ratio to judge the repetitions' interval against")
+    ap.add_argument("--read", nargs="+", metavar="RESULT", help="run nothing: read results files again (each "
+                    "repetition's ratio, their interval, --target's verdict, the ratio the matmul rate allows)")
     ap.add_argument("qft_overrides", nargs="*", help="extra qft overrides, e.g. quant.cache_dequantized=true")
     a = ap.parse_args()
     if a.worker:
         return worker(a)
-    if a.bound:
-        return print_bounds(a.bound)
+    if a.read:
+        return read(a.read, a.target)
     out_dir = Path(a.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     from qft.model import compute_dtype_name
@@ -405,9 +451,12 @@ def main() -> None:
     summary["qft_sources"] = code_versions(runs)
     summary["runs"] = runs
     summary["ratio_bound"] = ratio_bound(summary)
+    summary["ratio_interval"] = {k: ratio_interval(summary[k]["ratio_qft_over_baseline_per_rep"], a.target)
+                                 for k in ("tokens_per_second", "steady_tokens_per_second")}
     name = result_name(a, summary["settings"]["cpu_kind"], summary["settings"]["isa_caps"])
     (out_dir / f"{name}.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps({k: v for k, v in summary.items() if k != "runs"}, indent=1))
+    read([str(out_dir / f"{name}.json")], a.target)
     one_source(summary["qft_sources"], name)
 
 

@@ -195,10 +195,32 @@ def test_ratio_bound_is_the_stock_pace_against_qfts_flops_at_the_matmul_rate(tmp
     committed = ROOT / "benchmarks" / "results" / "speed-seq64-baseline_fp32.json"  # the AVX2-only CPU, 2026-12-02
     bad = tmp_path / "x.json"
     bad.write_text("{}")
-    ok = subprocess.run([sys.executable, "benchmarks/speed.py", "--bound", str(committed)], cwd=ROOT,
+    ok = subprocess.run([sys.executable, "benchmarks/speed.py", "--read", str(committed), "--target", "1.6"], cwd=ROOT,
                         capture_output=True, text=True, timeout=120)
     assert ok.returncode == 0 and re.search(r"allows 2\.07x at the ceiling, 1\.25x where both", ok.stdout), ok.stdout
+    # a file from before runs carried their repetition: each kind's n-th run is repetition n
+    assert "each repetition 1.14, 1.17: 1.07-1.25 (90% interval, 2 repetitions); target 1.6x: short" in ok.stdout
     for f in (bad, tmp_path / "missing.json"):
-        r = subprocess.run([sys.executable, "benchmarks/speed.py", "--bound", str(f)], cwd=ROOT, capture_output=True,
+        r = subprocess.run([sys.executable, "benchmarks/speed.py", "--read", str(f)], cwd=ROOT, capture_output=True,
                            text=True, timeout=120)
-        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "--bound" in r.stderr, r.stderr
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "--read" in r.stderr, r.stderr
+
+
+def test_a_target_is_judged_on_the_repetitions_interval():
+    """Log ratios 0.7, 0.8, 0.9 (mean 0.8, sd 0.1): the 90% t-interval with 2 degrees of freedom is
+    exp(0.8 -+ 2.919986 * 0.1 / sqrt(3)); a target inside it is unresolved, below it met, above it short."""
+    import math
+
+    from scipy import stats
+
+    ratios = [math.exp(x) for x in (0.7, 0.8, 0.9)]
+    half = stats.t.ppf(0.95, 2) * 0.1 / math.sqrt(3)
+    assert stats.t.ppf(0.95, 2) == pytest.approx(2.919986)
+    ci = speed.ratio_interval(ratios, 2.2)
+    assert ci["geometric_mean"] == pytest.approx(math.exp(0.8))
+    assert (ci["low"], ci["high"]) == (pytest.approx(math.exp(0.8 - half)), pytest.approx(math.exp(0.8 + half)))
+    assert ci["verdict"] == "unresolved"  # 1.88-2.63 holds 2.2
+    assert speed.ratio_interval(ratios, 1.8)["verdict"] == "met"
+    assert speed.ratio_interval(ratios, 2.7)["verdict"] == "short"
+    one = speed.ratio_interval([2.5], 2.2)
+    assert (one["low"], one["verdict"]) == (None, "unresolved")  # one repetition says nothing of the spread
