@@ -291,24 +291,27 @@ def useful_flops_per_step(a, tokens_per_step: float, answer_tokens_per_step: flo
 
 
 def ratio_bound(summary: dict) -> dict:
-    """What the matmul rate allows in this invocation. `at_ceiling` (`at_step_shapes`): the ratio qft would reach
-    with its useful FLOPs a step at the 2048^3 ceiling (at the rate of the step's own frozen shapes back to back)
-    against the stock recipe's measured pace (steady; whole-run in files before steady rates): a target above it
-    cannot be met here by any exact implementation. `flops_ratio`: the stock recipe's FLOPs a step over qft's (its
-    LM head runs over every position); the ratio tends to it where both run near the ceiling, as on a CPU whose
-    matmuls are slow against the rest. `stock_mfu`: the stock recipe's own FLOPs over the ceiling."""
+    """What the matmul rate allows in this invocation, an estimate. `at_ceiling` (`at_step_shapes`): the ratio qft
+    would reach with its useful FLOPs a step at the measured 1024^3 rate of its compute dtype (at the rate of the
+    step's own frozen shapes back to back, often higher) against the stock recipe's measured pace (steady; whole-run
+    in files before steady rates). Neither rate is a hard ceiling, so neither is a hard bound. `flops_ratio`: the
+    stock recipe's FLOPs a step over qft's (its LM head runs over every position); qft's ratio is its useful FLOP
+    rate over the stock recipe's, times this, so the ratio tends to it where both run near the matmul rate.
+    `stock_mfu`: the stock recipe's FLOPs at its pace over the 1024^3 rate of its own compute dtype."""
     s = summary["settings"]
     qft = [r for r in summary["runs"] if r["kind"] == "qft"]
     tokens = statistics.median(r["train_tokens"] / s["steps"] for r in qft)
     shape = argparse.Namespace(seq=s["seq"])
     flops = useful_flops_per_step(shape, tokens, s["batch"] * 1.2)
+    stock_flops = useful_flops_per_step(shape, tokens, tokens)
     pace = "steady_tokens_per_second" if "steady_tokens_per_second" in summary else "tokens_per_second"
     stock = summary[pace]["baseline"]
-    ceiling = summary["matmul_ceiling_gflops"][summary.get("qft_compute_dtype", s["baseline_dtype"])]
-    rates = {"ceiling": ceiling, "step_shapes": summary.get("step_shape_matmul_gflops")}
+    ceilings = summary["matmul_ceiling_gflops"]
+    rates = {"ceiling": ceilings[summary.get("qft_compute_dtype", s["baseline_dtype"])],
+             "step_shapes": summary.get("step_shape_matmul_gflops")}
     out = {f"at_{k}": tokens / (flops / (g * 1e9)) / stock for k, g in rates.items() if g}
-    out["flops_ratio"] = useful_flops_per_step(shape, tokens, tokens) / flops
-    out["stock_mfu"] = out["flops_ratio"] / out["at_ceiling"]
+    out["flops_ratio"] = stock_flops / flops
+    out["stock_mfu"] = stock_flops * stock / tokens / (ceilings[s["baseline_dtype"]] * 1e9)
     out.update(stock_pace=pace, qft_ratio=summary[pace]["ratio_qft_over_baseline"])
     return out
 
@@ -319,13 +322,13 @@ def ratio_interval(ratios: list[float], target: float | None = None, level: floa
     is below it, "unresolved" otherwise. At the 90% level each end is a one-sided test at 0.05, as TOST's two are.
     Reads the repetitions as independent draws of the host's pace, which drifts within an hour: alternate and
     repeat more (`--reps`) rather than read one invocation's ratio of medians against a target."""
-    from scipy import stats
+    from qft.stats import t_quantile
 
     logs = [math.log(r) for r in ratios]
     mean = statistics.fmean(logs)
     out = {"n": len(logs), "geometric_mean": math.exp(mean), "level": level, "low": None, "high": None}
     if len(logs) > 1:
-        half = stats.t.ppf(0.5 + level / 2, len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
+        half = t_quantile(len(logs) - 1, level) * statistics.stdev(logs) / math.sqrt(len(logs))
         out.update(low=math.exp(mean - half), high=math.exp(mean + half))
     if target is not None:
         out["target"] = target
@@ -353,18 +356,18 @@ def read(files: list[str], target: float | None) -> None:
             b = ratio_bound(summary)
             pace = b["stock_pace"]
             ratios = summary[pace].get("ratio_qft_over_baseline_per_rep") or paired_ratios(numbered(summary["runs"]), pace)
+            ci = ratio_interval(ratios, target)  # no runs, or a ratio at or below 0: a ValueError
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise SystemExit(print(f"speed.py: error: --read {f}: not a speed.py results file ({e!r})",
                                    file=sys.stderr) or 2)
-        ci = ratio_interval(ratios, target)
         span = (f"{ci['low']:.2f}-{ci['high']:.2f} ({ci['level']:.0%} interval, {ci['n']} repetitions)"
                 if ci["low"] else f"no interval from {ci['n']} repetition")
         verdict = f"; target {target}x: {ci['verdict']}" if target is not None else ""
-        shapes = f", {b['at_step_shapes']:.2f}x at the step's shapes" if "at_step_shapes" in b else ""
+        shapes = f", {b['at_step_shapes']:.2f}x at the step's shapes' rate" if "at_step_shapes" in b else ""
         print(f"{Path(f).name}: qft {b['qft_ratio']:.2f}x the stock recipe ({pace}), each repetition "
-              f"{', '.join(f'{r:.2f}' for r in ratios)}: {span}{verdict}. The matmul rate allows "
-              f"{b['at_ceiling']:.2f}x at the ceiling{shapes}, {b['flops_ratio']:.2f}x where both run at it "
-              f"(the stock recipe at {b['stock_mfu']:.0%} of the ceiling here)")
+              f"{', '.join(f'{r:.2f}' for r in ratios)}: {span}{verdict}. With its useful FLOPs at the measured "
+              f"1024^3 matmul rate qft would be {b['at_ceiling']:.2f}x{shapes}; {b['flops_ratio']:.2f}x where both "
+              f"run at it (the stock recipe at {b['stock_mfu']:.0%} of its dtype's rate here)")
 
 
 def main() -> None:

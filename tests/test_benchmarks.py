@@ -171,39 +171,51 @@ def test_startup_bad_input_exits_2_with_one_line(tmp_path):
 
 
 def test_ratio_bound_is_the_stock_pace_against_qfts_flops_at_the_matmul_rate(tmp_path):
-    """1,024 tokens a step; the stock recipe at 100 tokens/s steady (10.24 s a step); qft's useful FLOPs at a
-    200 GFLOP/s ceiling take F / 200e9 s, so the most qft could be is 10.24 / (F / 200e9) times the stock recipe."""
-    summary = {"settings": {"seq": 64, "batch": 16, "steps": 2, "baseline_dtype": "fp32"},
-               "runs": [{"kind": "qft", "train_tokens": 2048}, {"kind": "baseline", "train_tokens": 2048}],
+    """1,024 qft tokens a step; the stock recipe at 100 tokens/s steady (10.24 s a step); qft's useful FLOPs at a
+    200 GFLOP/s fp32 rate take F / 200e9 s, so qft there would be 10.24 / (F / 200e9) times the stock recipe."""
+    assert sum(4 * i * o for i, o in speed.SHAPES) == 14_155_776  # SmolLM2-135M's seven frozen projections a token
+    summary = {"settings": {"seq": 64, "batch": 16, "steps": 2, "baseline_dtype": "bf16"},
+               "runs": [{"kind": "qft", "train_tokens": 2048}, {"kind": "baseline", "train_tokens": 1000}],
                "steady_tokens_per_second": {"baseline": 100.0, "ratio_qft_over_baseline": 1.5},
                "tokens_per_second": {"baseline": 80.0, "ratio_qft_over_baseline": 1.4},
                "matmul_ceiling_gflops": {"bf16": 5.0, "fp32": 200.0}, "qft_compute_dtype": "fp32",
                "step_shape_matmul_gflops": 150.0}
-    layer = sum(4 * i * o + 6 * 8 * (i + o) for i, o in speed.SHAPES) + 3 * 4 * 32 * 576  # frozen, LoRA, attention
-    flops = 30 * layer * 1024 + 4 * 576 * 49152 * 16 * 1.2  # the head at 1.2 answer tokens an example
+    layer = 14_155_776 + sum(6 * 8 * (i + o) for i, o in speed.SHAPES) + 3 * 4 * 32 * 576  # frozen, LoRA, attention
+    head = 4 * 576 * 49152  # forward and input gradient, a position
+    flops = 30 * layer * 1024 + head * 16 * 1.2  # qft: the head at 1.2 answer tokens an example
     b = speed.ratio_bound(summary)
     assert b["at_ceiling"] == pytest.approx(10.24 / (flops / 200e9))
     assert b["at_step_shapes"] == pytest.approx(10.24 / (flops / 150e9))
-    assert b["flops_ratio"] == pytest.approx((flops + 4 * 576 * 49152 * (1024 - 19.2)) / flops)
-    assert 1.2 < b["flops_ratio"] < 1.3  # the stock recipe's head over all 64 positions: a quarter more work
-    assert b["stock_mfu"] == pytest.approx(b["flops_ratio"] * flops / 10.24 / 200e9)
+    stock_flops = 30 * layer * 1024 + head * 1024  # the stock recipe: the head at every position
+    assert b["flops_ratio"] == pytest.approx(stock_flops / flops) and 1.2 < b["flops_ratio"] < 1.3
+    assert b["stock_mfu"] == pytest.approx(stock_flops / 10.24 / 5e9)  # its own dtype's rate (bf16 here)
     assert (b["stock_pace"], b["qft_ratio"]) == ("steady_tokens_per_second", 1.5)
     del summary["steady_tokens_per_second"], summary["step_shape_matmul_gflops"]  # a file before steady rates
     b = speed.ratio_bound(summary)
     assert b["at_ceiling"] == pytest.approx(1024 / (flops / 200e9) / 80.0)
     assert "at_step_shapes" not in b and b["stock_pace"] == "tokens_per_second"
     committed = ROOT / "benchmarks" / "results" / "speed-seq64-baseline_fp32.json"  # the AVX2-only CPU, 2026-12-02
-    bad = tmp_path / "x.json"
-    bad.write_text("{}")
     ok = subprocess.run([sys.executable, "benchmarks/speed.py", "--read", str(committed), "--target", "1.6"], cwd=ROOT,
                         capture_output=True, text=True, timeout=120)
-    assert ok.returncode == 0 and re.search(r"allows 2\.07x at the ceiling, 1\.25x where both", ok.stdout), ok.stdout
+    assert ok.returncode == 0 and re.search(r"qft would be 2\.07x; 1\.25x where both", ok.stdout), ok.stdout
     # a file from before runs carried their repetition: each kind's n-th run is repetition n
     assert "each repetition 1.14, 1.17: 1.07-1.25 (90% interval, 2 repetitions); target 1.6x: short" in ok.stdout
-    for f in (bad, tmp_path / "missing.json"):
-        r = subprocess.run([sys.executable, "benchmarks/speed.py", "--read", str(f)], cwd=ROOT, capture_output=True,
-                           text=True, timeout=120)
+    empty = json.loads(committed.read_text())
+    empty["runs"] = []
+    (tmp_path / "empty.json").write_text(json.dumps(empty))
+    (tmp_path / "x.json").write_text("{}")
+    for f in ("x.json", "missing.json", "empty.json"):
+        r = subprocess.run([sys.executable, "benchmarks/speed.py", "--read", str(tmp_path / f)], cwd=ROOT,
+                           capture_output=True, text=True, timeout=120)
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "--read" in r.stderr, r.stderr
+
+
+def test_runs_of_old_files_are_numbered_by_repetition_in_the_order_they_ran():
+    runs = [{"kind": "qft", "v": 1}, {"kind": "qft_also", "v": 2}, {"kind": "baseline", "v": 3},
+            {"kind": "qft", "v": 4}, {"kind": "qft_also", "v": 5}, {"kind": "baseline", "v": 6}]
+    assert [(r["rep"], r["v"]) for r in speed.numbered(runs)] == [(0, 1), (0, 2), (0, 3), (1, 4), (1, 5), (1, 6)]
+    assert speed.paired_ratios(speed.numbered(runs), "v", "qft_also", "qft") == [2.0, 1.25]
+    assert speed.numbered([{"kind": "qft", "rep": 7}])[0]["rep"] == 7  # a run's own repetition stands
 
 
 def test_a_target_is_judged_on_the_repetitions_interval():
@@ -222,5 +234,6 @@ def test_a_target_is_judged_on_the_repetitions_interval():
     assert ci["verdict"] == "unresolved"  # 1.88-2.63 holds 2.2
     assert speed.ratio_interval(ratios, 1.8)["verdict"] == "met"
     assert speed.ratio_interval(ratios, 2.7)["verdict"] == "short"
+    assert speed.ratio_interval(ratios, ci["low"])["verdict"] == "met"  # a lower end on the target meets it
     one = speed.ratio_interval([2.5], 2.2)
     assert (one["low"], one["verdict"]) == (None, "unresolved")  # one repetition says nothing of the spread
