@@ -321,9 +321,12 @@ def _label_words(cfg, raw: dict, tokenizer) -> tuple[list[str], list[str], list[
         if not t:
             raise QftError("data.label_words", label_words[i], "every label word must tokenize to at least one token")
         for j in range(i):
-            if label_tokens[j] == t:
+            short, long_ = sorted((label_tokens[j], t), key=len)
+            if long_[:len(short)] == short:  # a label scores as the sum of its tokens' log-probabilities, so a longer
+                # label whose tokens begin with a shorter one's never scores above it: it could never be predicted
                 raise QftError("data.label_words", f"{labels[j]}:{label_words[j]},{labels[i]}:{label_words[i]}",
-                               "every label needs an answer of its own tokens; these two score as one")
+                               "every label needs an answer of its own tokens, none the start of another's "
+                               "(these two score as one, or the longer never wins); map them to other words")
     return labels, label_words, label_tokens
 
 

@@ -239,3 +239,17 @@ def test_label_words_must_differ(tokenizer):
         prepare(tokenizer, "data.train_size=20", "data.val_size=5", "data.test_size=5",
                 "+data.label_words={business:news,tech:news}")
     assert e.value.key == "data.label_words" and "business:news,tech:news" in str(e.value)
+
+
+def test_a_label_word_that_begins_another_is_refused(tokenizer):
+    """A label scores as the sum of its tokens' log-probabilities: "news" then "news today" would score the longer
+    at most the shorter's score on every example, so it could never be predicted (found with star ratings 1 and 10)."""
+    assert tokenizer("news today", add_special_tokens=False)["input_ids"][:1] == \
+        tokenizer("news", add_special_tokens=False)["input_ids"]
+    for words in ("{business:news,tech:news today}", "{business:news today,tech:news}"):
+        with pytest.raises(QftError) as e:
+            prepare(tokenizer, "data.train_size=20", "data.val_size=5", "data.test_size=5", f"+data.label_words={words}")
+        assert e.value.key == "data.label_words" and "none the start of another's" in str(e.value)
+    task, _ = prepare(tokenizer, "data.train_size=20", "data.val_size=5", "data.test_size=5",
+                      "+data.label_words={business:news today,tech:today news}")  # sharing a token is fine
+    assert "news today" in task.label_words
