@@ -358,8 +358,8 @@ def read(files: list[str], target: float | None) -> None:
             ratios = summary[pace].get("ratio_qft_over_baseline_per_rep") or paired_ratios(numbered(summary["runs"]), pace)
             ci = ratio_interval(ratios, target)  # no runs, or a ratio at or below 0: a ValueError
         except (OSError, ValueError, KeyError, TypeError) as e:
-            raise SystemExit(print(f"speed.py: error: --read {f}: not a speed.py results file with the fields read here ({e!r})",
-                                   file=sys.stderr) or 2)
+            raise SystemExit(print(f"speed.py: error: --read {f}: not a speed.py results file with the fields read "
+                                   f"here ({e!r})", file=sys.stderr) or 2)
         span = (f"{ci['low']:.2f}-{ci['high']:.2f} ({ci['level']:.0%} interval, {ci['n']} repetitions)"
                 if ci["low"] else f"no interval from {ci['n']} repetition")
         verdict = f"; target {target}x: {ci['verdict']}" if target is not None else ""
