@@ -355,7 +355,8 @@ def read(files: list[str], target: float | None) -> None:
             summary = json.loads(Path(f).read_text())
             b = ratio_bound(summary)
             pace = b["stock_pace"]
-            ratios = summary[pace].get("ratio_qft_over_baseline_per_rep") or paired_ratios(numbered(summary["runs"]), pace)
+            ratios = (summary[pace].get("ratio_qft_over_baseline_per_rep")
+                      or paired_ratios(numbered(summary["runs"]), pace))
             ci = ratio_interval(ratios, target)  # no runs, or a ratio at or below 0: a ValueError
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise SystemExit(print(f"speed.py: error: --read {f}: not a speed.py results file with the fields read "

@@ -248,7 +248,8 @@ def test_a_label_word_that_begins_another_is_refused(tokenizer):
         tokenizer("news", add_special_tokens=False)["input_ids"]
     for words in ("{business:news,tech:news today}", "{business:news today,tech:news}"):
         with pytest.raises(QftError) as e:
-            prepare(tokenizer, "data.train_size=20", "data.val_size=5", "data.test_size=5", f"+data.label_words={words}")
+            prepare(tokenizer, "data.train_size=20", "data.val_size=5", "data.test_size=5",
+                    f"+data.label_words={words}")
         assert e.value.key == "data.label_words" and "none the start of another's" in str(e.value)
     task, _ = prepare(tokenizer, "data.train_size=20", "data.val_size=5", "data.test_size=5",
                       "+data.label_words={business:news today,tech:today news}")  # sharing a token is fine
