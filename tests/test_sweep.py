@@ -285,6 +285,15 @@ def test_a_repeated_configuration_and_seed_is_named_not_dropped_silently(tmp_pat
     assert g.n_seeds.tolist() == [3] and g.acc_mean.tolist() == pytest.approx([np.mean([0.90, 0.95, 0.92])])
     assert "- 1 of 4 records repeat the configuration and seed of another and are left out (the last by folder " \
            "stands): a1" in report.markdown(g, df)
+    # a declared contrast keeps the same record of that seed, and its table names the one left out
+    for seed, acc in enumerate([0.80, 0.82, 0.84]):
+        _record(tmp_path / "runs" / f"c{seed}", "bbc", 2, 2, seed, acc)
+    df = report.collect([tmp_path / "runs"])
+    plan = {"margin": 0.02, "alpha": 0.05, "metric": "accuracy",
+            "contrasts": [{"name": "8 vs 2", "a": {"attn_r": 8, "mlp_r": 8}, "b": {"attn_r": 2, "mlp_r": 2}}]}
+    rows, text = report.contrasts(df, report.grouped(df), plan)
+    assert rows[0]["n_seeds"] == 3 and rows[0]["diff"] == pytest.approx(np.mean([0.90, 0.95, 0.92]) - 0.82)
+    assert "Left out as repeating the configuration and seed of another record (the last by folder stands): a1" in text
 
 
 def test_declared_contrasts_use_exactly_the_plans_seeds(tmp_path):

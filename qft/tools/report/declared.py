@@ -75,6 +75,9 @@ def contrasts(df, g, plan: dict) -> tuple[list[dict], str]:
     the metric is accuracy, the gold label's log-likelihood (continuous, more power) beside it, Holm across the
     same family, equivalence only within a declared `loglik_margin`."""
     ok = df[df.status == "ok"]
+    # one record a seed, by the exploratory table's rule (the last by folder), and named below, never chosen silently
+    repeats = sorted(Path(str(d)).name for d in ok[ok.duplicated(["config_key", "seed"], keep="last")].run_dir)
+    ok = ok.drop_duplicates(["config_key", "seed"], keep="last")
     matches = [[cell_keys(ok, c[side]) for side in ("a", "b")] for c in plan["contrasts"]]
     keys = [[m[0] if len(m) == 1 else None for m in ms] for ms in matches]  # None: no single configuration
     seeds = declared_seeds(plan)
@@ -128,5 +131,7 @@ def contrasts(df, g, plan: dict) -> tuple[list[dict], str]:
              f"95% interval shown is unadjusted. Finds (80%): the smallest difference this contrast's own seeds, "
              f"examples and variance components find with 80% power at alpha/{len(found)}; the components are those "
              f"of its paired differences.", "",
-             *table(header, cells)]
+             *table(header, cells),
+             *(["", f"Left out as repeating the configuration and seed of another record (the last by folder "
+                    f"stands): {', '.join(repeats)}"] if repeats else [])]
     return rows, "\n".join(lines) + "\n"
