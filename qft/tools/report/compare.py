@@ -20,6 +20,14 @@ MARGIN = 0.02  # the default equivalence margin, in accuracy
 MIN_SEEDS = 3  # seeds both trained cells need for a paired verdict (2 under-cover; 1 cannot see training noise)
 
 
+def one_record_a_seed(df) -> tuple["pd.DataFrame", list[str]]:
+    """The ok records, one a configuration and seed (a repeat: another machine, thread count or pipeline layout,
+    none of them hashed): the last by folder stands, in every table; and the folders of those left out, to name."""
+    ok = df[df.status == "ok"]
+    repeats = ok[ok.duplicated(["config_key", "seed"], keep="last")] if "config_key" in ok else ok.iloc[:0]
+    return ok.drop(repeats.index), sorted(Path(str(d)).name for d in repeats.get("run_dir", []))
+
+
 def grouped(df, versus: dict | None = None, within: tuple = (), margin: float = MARGIN) -> "pd.DataFrame":
     """One row per configuration (the config hash without the seed), accuracy as mean, sd and 95% interval, and
     its comparison with the best configuration, or with the one matching `versus`, within each group of `within`.
@@ -28,7 +36,7 @@ def grouped(df, versus: dict | None = None, within: tuple = (), margin: float = 
     Comparisons are paired over seeds and test examples where both sides kept per-example scores, Welch over seeds
     otherwise; their p-values are Holm-adjusted across the table, which is exploratory (a study's declared
     contrasts are in `contrasts`)."""
-    ok = df[df.status == "ok"].drop_duplicates(["config_key", "seed"], keep="last").copy()  # one record a seed
+    ok = one_record_a_seed(df)[0].copy()
     keep = ["params", "params_attn", "params_mlp", *[f"params_{t}" for t in THIRDS], "adapted",
             *[a for a in AXES.values() if ok[a].notna().any()]]
     for col in [*(versus or {}), *within]:

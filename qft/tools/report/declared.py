@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from qft import stats
-from qft.tools.report.compare import MARGIN, MIN_SEEDS, seed_rows, compare_configs, equal, mixed
+from qft.tools.report.compare import (MARGIN, MIN_SEEDS, compare_configs, equal, mixed, one_record_a_seed,
+                                      seed_rows)
 from qft.tools.report.tables import table
 
 
@@ -74,10 +75,7 @@ def contrasts(df, g, plan: dict) -> tuple[list[dict], str]:
     """The declared contrasts with Holm across them, and their markdown table; where every contrast is paired and
     the metric is accuracy, the gold label's log-likelihood (continuous, more power) beside it, Holm across the
     same family, equivalence only within a declared `loglik_margin`."""
-    ok = df[df.status == "ok"]
-    # one record a seed, by the exploratory table's rule (the last by folder), and named below, never chosen silently
-    repeats = sorted(Path(str(d)).name for d in ok[ok.duplicated(["config_key", "seed"], keep="last")].run_dir)
-    ok = ok.drop_duplicates(["config_key", "seed"], keep="last")
+    ok, repeats = one_record_a_seed(df)  # as the exploratory table keeps them, and named below, never chosen silently
     matches = [[cell_keys(ok, c[side]) for side in ("a", "b")] for c in plan["contrasts"]]
     keys = [[m[0] if len(m) == 1 else None for m in ms] for ms in matches]  # None: no single configuration
     seeds = declared_seeds(plan)

@@ -4,9 +4,8 @@ prose, which says what each number is and what a reader must know before compari
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
-from qft.tools.report.compare import MARGIN
+from qft.tools.report.compare import MARGIN, one_record_a_seed
 from qft.frame import AXES, THIRDS
 from qft.tools.report.views import uneven_depth
 
@@ -76,7 +75,7 @@ def markdown(g, df, versus: dict | None = None, within: tuple = (), margin: floa
 def classes_markdown(g, df) -> str | None:
     """Each configuration's accuracy on each class of the test split (recall, mean over seeds): where one class is half
     the split, a cut could cost a small class dearly and barely move accuracy. None without per-example predictions."""
-    ok = df[df.status == "ok"].drop_duplicates(["config_key", "seed"], keep="last")
+    ok = one_record_a_seed(df)[0]
     names = [c for c in ok.columns if c.startswith("acc_class_")]
     if not names:
         return None
@@ -108,10 +107,10 @@ def _provenance(ok) -> list[str]:
     commits = sorted({str(c)[:10] for c in ok.get("qft_commit", []) if c})
     if len(commits) > 1:
         notes.append(f"- these records span qft code versions (source digest, else commit): {', '.join(commits)}")
-    repeats = ok[ok.duplicated(["config_key", "seed"], keep="last")] if "config_key" in ok else ok.iloc[:0]
-    if len(repeats):  # one config and seed twice: another machine, thread count or pipeline layout, none of them hashed
+    repeats = one_record_a_seed(ok)[1]
+    if repeats:
         notes.append(f"- {len(repeats)} of {len(ok)} records repeat the configuration and seed of another and are left "
-                     f"out (the last by folder stands): {', '.join(sorted(Path(str(d)).name for d in repeats.run_dir))}")
+                     f"out (the last by folder stands): {', '.join(repeats)}")
     missing = int((~ok.has_examples).sum()) if "has_examples" in ok else 0
     if missing:
         notes.append(f"- {missing} of {len(ok)} records keep no per-example scores (made before they were kept): "
