@@ -348,27 +348,31 @@ def numbered(runs: list[dict]) -> list[dict]:
     return out
 
 
+def describe(name: str, summary: dict, target: float | None) -> str:
+    """One results file's ratios in a line: each repetition's, their interval, a target's verdict, the matmul's bound."""
+    b = ratio_bound(summary)
+    pace = b["stock_pace"]
+    ratios = (summary[pace].get("ratio_qft_over_baseline_per_rep")
+              or paired_ratios(numbered(summary["runs"]), pace))
+    ci = ratio_interval(ratios, target)  # no runs, or a ratio at or below 0: a ValueError
+    span = (f"{ci['low']:.2f}-{ci['high']:.2f} ({ci['level']:.0%} interval, {ci['n']} repetitions)"
+            if ci["low"] else f"no interval from {ci['n']} repetition")
+    verdict = f"; target {target}x: {ci['verdict']}" if target is not None else ""
+    shapes = f", {b['at_step_shapes']:.2f}x at the step's shapes' rate" if "at_step_shapes" in b else ""
+    return (f"{name}: qft {b['qft_ratio']:.2f}x the stock recipe ({pace}), each repetition "
+            f"{', '.join(f'{r:.2f}' for r in ratios)}: {span}{verdict}. With its useful FLOPs at the measured "
+            f"1024^3 matmul rate qft would be {b['at_ceiling']:.2f}x{shapes}; {b['flops_ratio']:.2f}x where both "
+            f"run at it (the stock recipe at {b['stock_mfu']:.0%} of its dtype's rate here)")
+
+
 def read(files: list[str], target: float | None) -> None:
-    """Each results file's ratios read again: the repetitions' interval, a target's verdict, the matmul's bound."""
+    """Results files already there, each described again (`describe`)."""
     for f in files:
         try:
-            summary = json.loads(Path(f).read_text())
-            b = ratio_bound(summary)
-            pace = b["stock_pace"]
-            ratios = (summary[pace].get("ratio_qft_over_baseline_per_rep")
-                      or paired_ratios(numbered(summary["runs"]), pace))
-            ci = ratio_interval(ratios, target)  # no runs, or a ratio at or below 0: a ValueError
+            print(describe(Path(f).name, json.loads(Path(f).read_text()), target))
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise SystemExit(print(f"speed.py: error: --read {f}: not a speed.py results file with the fields read "
                                    f"here ({e!r})", file=sys.stderr) or 2)
-        span = (f"{ci['low']:.2f}-{ci['high']:.2f} ({ci['level']:.0%} interval, {ci['n']} repetitions)"
-                if ci["low"] else f"no interval from {ci['n']} repetition")
-        verdict = f"; target {target}x: {ci['verdict']}" if target is not None else ""
-        shapes = f", {b['at_step_shapes']:.2f}x at the step's shapes' rate" if "at_step_shapes" in b else ""
-        print(f"{Path(f).name}: qft {b['qft_ratio']:.2f}x the stock recipe ({pace}), each repetition "
-              f"{', '.join(f'{r:.2f}' for r in ratios)}: {span}{verdict}. With its useful FLOPs at the measured "
-              f"1024^3 matmul rate qft would be {b['at_ceiling']:.2f}x{shapes}; {b['flops_ratio']:.2f}x where both "
-              f"run at it (the stock recipe at {b['stock_mfu']:.0%} of its dtype's rate here)")
 
 
 def main() -> None:
@@ -460,7 +464,7 @@ def main() -> None:
     name = result_name(a, summary["settings"]["cpu_kind"], summary["settings"]["isa_caps"])
     (out_dir / f"{name}.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps({k: v for k, v in summary.items() if k != "runs"}, indent=1))
-    read([str(out_dir / f"{name}.json")], a.target)
+    print(describe(f"{name}.json", summary, a.target))
     one_source(summary["qft_sources"], name)
 
 

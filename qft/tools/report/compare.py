@@ -24,8 +24,10 @@ def one_record_a_seed(df) -> tuple["pd.DataFrame", list[str]]:
     """The ok records, one a configuration and seed (a repeat: another machine, thread count or pipeline layout,
     none of them hashed): the last by folder stands, in every table; and the folders of those left out, to name."""
     ok = df[df.status == "ok"]
-    repeats = ok[ok.duplicated(["config_key", "seed"], keep="last")] if "config_key" in ok else ok.iloc[:0]
-    return ok.drop(repeats.index), sorted(Path(str(d)).name for d in repeats.get("run_dir", []))
+    if "config_key" not in ok:
+        return ok, []
+    repeat = ok.duplicated(["config_key", "seed"], keep="last")  # a mask: records of several folders may share labels
+    return ok[~repeat], sorted(Path(str(d)).name for d in ok[repeat].get("run_dir", []))
 
 
 def grouped(df, versus: dict | None = None, within: tuple = (), margin: float = MARGIN) -> "pd.DataFrame":
