@@ -39,8 +39,7 @@ def row(rec: dict, path: Path) -> dict:
          "acc_test": final.get("test"), "acc_val": final.get("val"), "zero_shot_test": zero.get("test"),
          "tokens_per_s": rec.get("train_tokens_per_second"), "peak_rss_bytes": (rec.get("memory") or {}).get("peak_rss_bytes"),
          "wall_seconds": rec.get("wall_seconds"), "base_bytes": (rec.get("base_bytes") or {}).get("total"),
-         "cpu_kind": (rec.get("execution") or {}).get("cpu_kind"), "run_kind": run_kind(rec.get("execution"), rec.get("versions"),
-                                                                      rec.get("execution_history") or ()),
+         "cpu_kind": (rec.get("execution") or {}).get("cpu_kind"), "run_kind": record_kind(rec),
          "qft_commit": (rec.get("execution") or {}).get("qft_source") or (rec.get("execution") or {}).get("qft_commit"),
          "has_examples": bool(rec.get("examples")) and (path.parent / rec["examples"]).is_file(),
          "val_curve": rec.get("val_curve") or None, "val_loglik_curve": rec.get("val_loglik_curve") or None}
@@ -58,16 +57,25 @@ def row(rec: dict, path: Path) -> dict:
     return r
 
 
-def run_kind(execution: dict | None, versions: dict | None = None, history=()) -> str | None:
+def run_kind(execution: dict | None, versions: dict | None = None, history=(), eval_batch: int | None = None
+             ) -> str | None:
     """What one comparison must not mix (docs/studies.md), as one string: the GPU, or the CPU (name, family/model
     numbers where recorded) and its kind, the thread count, the compute dtype, fused or unfused projections, a
-    pipeline's layers per stage and micro-batches, and the torch version, each where recorded (any of them can move
-    a result's last bits); a run resumed on another kind names every kind it ran on. None for records made before
-    qft recorded execution."""
+    pipeline's layers per stage and micro-batches, the torch version, each where recorded, and the evaluation's batch
+    size where given (any of them can move a result's last bits; the batch size moves bf16 label scores through the
+    padding, by up to about 0.3 nats on multi-token labels); a run resumed on another kind names every kind it ran
+    on. None for records made before qft recorded execution."""
     if not execution:
         return None
     kinds = sorted({_kind(e, versions) for e in [execution, *history]})
-    return kinds[0] if len(kinds) == 1 else f"mixed within one run: {' + '.join(kinds)}"
+    kind = kinds[0] if len(kinds) == 1 else f"mixed within one run: {' + '.join(kinds)}"
+    return kind if eval_batch is None else f"{kind}, eval batch {eval_batch}"
+
+
+def record_kind(rec: dict) -> str | None:
+    """A record's run kind, its evaluation batch size read from its config (unhashed, as it changes no training)."""
+    return run_kind(rec.get("execution"), rec.get("versions"), rec.get("execution_history") or (),
+                    ((rec.get("config") or {}).get("train") or {}).get("eval_batch_size"))
 
 
 def _kind(e: dict, versions: dict | None) -> str:

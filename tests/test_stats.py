@@ -164,10 +164,10 @@ def test_power_refuses_to_pool_records_of_two_run_kinds(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "qft.tools.power", str(tmp_path)], cwd=ROOT, capture_output=True,
                          text=True, timeout=120)
     recs = [json.loads((d / "result.json").read_text()) for d in (tmp_path / "amx").iterdir()]
-    kinds = sorted(frame.run_kind(r["execution"], r.get("versions")) for r in recs)
+    kinds = sorted(frame.record_kind(r) for r in recs)
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
         f"qft.tools.power: error: RECORDS='{tmp_path}': records of one run kind (what one comparison must not mix: CPU, "
-        f"threads, compute dtype, torch); these hold 2: {' / '.join(kinds)}"], bad.stderr
+        f"threads, compute dtype, torch, eval batch); these hold 2: {' / '.join(kinds)}"], bad.stderr
     assert len(power.runs([src[1].parent])) == 27  # the untouched folder, one kind: no error
     del rec["execution"]  # a record made before qft named the run kind: in the report's words
     moved.write_text(json.dumps(rec))

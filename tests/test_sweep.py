@@ -233,11 +233,14 @@ def test_report_uses_the_ranks_a_budget_solved(tmp_path):
     assert df.params[0] == rec["budget_ranks"]["attn"] * 1792 + rec["budget_ranks"]["mlp"] * 2688
 
 
-def _record(folder: Path, source: str, attn_r: int, mlp_r: int, seed: int, acc: float, execution=None) -> None:
+def _record(folder: Path, source: str, attn_r: int, mlp_r: int, seed: int, acc: float, execution=None,
+            eval_batch: int | None = None) -> None:
     """A minimal ok record, as run.run writes them: the report reads only these keys."""
     folder.mkdir(parents=True)
     config = {"experiment": "unit", "seed": seed, "model": {"name": "m"}, "data": {"source": source},
               "adapter": {"attn": {"r": attn_r, "alpha": 16}, "mlp": {"r": mlp_r, "alpha": 16}}}
+    if eval_batch is not None:
+        config["train"] = {"eval_batch_size": eval_batch}
     (folder / "result.json").write_text(json.dumps({
         "status": "ok", "config": config, "config_hash": f"{source}{attn_r}{mlp_r}{seed}", "seed": seed,
         "trainable_params": {"total": 10 * attn_r + 20 * mlp_r, "per_layer_type": {"attn": 10 * attn_r,
@@ -272,6 +275,17 @@ def test_no_comparison_mixes_cpu_kinds_threads_or_compute_dtypes(tmp_path):
         assert want[change and next(iter(change))] in text, text
         assert not re.search(r" differs( \(by [^)]*\))? \|", summary) and "no comparison mixes them" in summary
         assert "| not comparable (kinds of execution differ) |" in summary
+    # the evaluation's batch size is unhashed (it trains nothing differently) but moves bf16 label scores: a seed
+    # scored at another batch size is not comparable either, and at the same one it is
+    for batch, comparable in ((32, True), (64, False)):
+        for (a, m), values in {(2, 2): [0.80, 0.82, 0.84], (8, 8): [0.90, 0.91, 0.92]}.items():
+            for seed, acc in enumerate(values):
+                shutil.rmtree(tmp_path / "runs" / f"{a}{m}{seed}")
+                _record(tmp_path / "runs" / f"{a}{m}{seed}", "bbc", a, m, seed, acc, here,
+                        batch if (a, seed) == (8, 2) else 32)
+        text, summary = tables()
+        assert bool(differs.search(text)) == comparable, batch
+        assert comparable or "eval batch 32 and " in text and "eval batch 64" in text, text
 
 
 def test_a_repeated_configuration_and_seed_is_named_not_dropped_silently(tmp_path):

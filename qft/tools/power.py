@@ -37,11 +37,12 @@ def runs(paths) -> list[tuple[Path, dict]]:
         out += [(f.parent, r) for f in files if (r := record.read(f.parent)) and r.get("status") == "ok"]
     if not out:
         raise QftError("RECORDS", " ".join(map(str, paths)), "no ok result records there")
-    kinds = sorted({frame.run_kind(r.get("execution"), r.get("versions"), r.get("execution_history") or ())
-                    or "not recorded" for _, r in out})  # the report's words for a record made before qft named it
+    # "not recorded": the report's words for a record made before qft named its kind
+    kinds = sorted({frame.record_kind(r) or "not recorded" for _, r in out})
     if len(kinds) > 1:  # variance pooled across machines would price a study no machine runs
         raise QftError("RECORDS", " ".join(map(str, paths)), "records of one run kind (what one comparison must not "
-                       f"mix: CPU, threads, compute dtype, torch); these hold {len(kinds)}: {' / '.join(kinds)}")
+                       f"mix: CPU, threads, compute dtype, torch, eval batch); these hold {len(kinds)}: "
+                       f"{' / '.join(kinds)}")
     return out
 
 
