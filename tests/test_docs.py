@@ -216,6 +216,27 @@ def test_finding2s_seed_check_reproduces_its_committed_output():
     assert got.stdout == (script.parent / "sensitivity.txt").read_text()
 
 
+def test_finding2s_size_check_reproduces_its_committed_shape():
+    """experiments/finding2/size_check.py (the minimum-effect test's size, checked before finding 2's report is read)
+    fits the same shape from finding 1's and finding 3's committed records as its committed output says, and prints
+    a row for every scenario; a few simulated studies a row here, its README's 2,000 there."""
+    import subprocess
+    import sys
+
+    script = ROOT / "experiments" / "finding2" / "size_check.py"
+    got = subprocess.run([sys.executable, str(script.relative_to(ROOT)), "--reps", "3"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=600)
+    assert got.returncode == 0, got.stderr[-2000:]
+    committed = (script.parent / "size_check.txt").read_text().splitlines()
+    lines = got.stdout.splitlines()
+    assert lines[:6] == committed[:6]  # the pairs, their components and the discordance fit
+    def scenarios(text):  # each row's seed law and target components
+        return [(f[0], f[1].split(" / ")[0], f[2].split(" / ")[0]) for f in
+                (r.split(" | ") for r in text if r.startswith("| ") and not r.startswith("| seed law"))]
+
+    assert scenarios(lines) == scenarios(committed) and len(scenarios(lines)) == 14
+
+
 LANES = ROOT / "experiments" / "finding2" / "lanes"
 
 
