@@ -169,6 +169,11 @@ def test_power_refuses_to_pool_records_of_two_run_kinds(tmp_path):
         f"qft.tools.power: error: RECORDS='{tmp_path}': records of one run kind (what one comparison must not mix: CPU, "
         f"threads, compute dtype, torch, eval batch); these hold 2: {' / '.join(kinds)}"], bad.stderr
     assert len(power.runs([src[1].parent])) == 27  # the untouched folder, one kind: no error
+    rec["execution"] = json.loads((tmp_path / "amx" / src[1].name / "result.json").read_text())["execution"]
+    rec["config"]["train"]["eval_batch_size"] = 64  # the same machine, scored at another evaluation batch size
+    moved.write_text(json.dumps(rec))
+    with pytest.raises(QftError, match=r"these hold 2: .+, eval batch 32 / .+, eval batch 64$"):
+        power.runs([tmp_path / "amx"])
     del rec["execution"]  # a record made before qft named the run kind: in the report's words
     moved.write_text(json.dumps(rec))
     with pytest.raises(QftError, match=r"these hold 2: .+ / not recorded$"):

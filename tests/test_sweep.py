@@ -286,6 +286,7 @@ def test_no_comparison_mixes_cpu_kinds_threads_or_compute_dtypes(tmp_path):
         text, summary = tables()
         assert bool(differs.search(text)) == comparable, batch
         assert comparable or "eval batch 32 and " in text and "eval batch 64" in text, text
+        assert ("| not comparable (kinds of execution differ) |" in summary) != comparable, summary
 
 
 def test_a_repeated_configuration_and_seed_is_named_not_dropped_silently(tmp_path):

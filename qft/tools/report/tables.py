@@ -100,7 +100,7 @@ def _provenance(ok) -> list[str]:
     kinds = sorted({str(k) if isinstance(k, str) else "not recorded" for k in ok.get("run_kind", [])})
     if len(kinds) > 1:
         notes.append(f"- these records span kinds of execution (GPU or CPU, threads, compute dtype, fusion, pipeline "
-                     f"layout, torch): {'; '.join(kinds)}; no comparison mixes them")
+                     f"layout, torch, eval batch): {'; '.join(kinds)}; no comparison mixes them")
     elif kinds == ["not recorded"] and len(ok):
         notes.append(f"- none of these {len(ok)} records names what executed it (made before qft recorded it): their "
                      "comparisons assume one machine, thread count and compute dtype")
