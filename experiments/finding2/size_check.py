@@ -19,8 +19,9 @@ is printed as such. Seed laws, each at unit variance before scaling: normal; two
 other); contaminated (one seed in ten from a law 4x as wide, heavy-tailed). Each row gives sizes with 95%
 Clopper-Pearson intervals over its simulated studies, and the minimum-effect p-value's quantiles at the margin at
 Holm's five thresholds (0.05/k): the nominal levels at which it would hold them. With --calibrate P..., the
-calibrated p-value of each observed minimum-effect p: the largest share, over the rows near the margin (every row but
-the stress rows), of simulated studies at the margin whose p is at or below it, and Holm's adjustment of them.
+calibrated p-value of each observed minimum-effect p: the largest, over the rows near the margin (every row but the
+stress rows), of (k + 1) / (n + 1), k of n simulated studies at the margin having a p at or below it, and Holm's
+adjustment of them.
 
     python experiments/finding2/size_check.py > experiments/finding2/size_check.txt
     python experiments/finding2/size_check.py --reps 10 > experiments/finding2/size_check_reps10.txt  # the test's
@@ -192,7 +193,9 @@ def main() -> None:
             for law in (LAWS if s_t > 0 else LAWS[:1])]
     if args.calibrate:
         sims = [simulate(r, (w, a, b), pi, args.reps) for r in rows if not r[3]]
-        calibrated = [max(float((s["beyond"] <= p).mean()) for s in sims if s) for p in args.calibrate]
+        # (k + 1) / (n + 1): a Monte Carlo p-value that holds its level at any n (Davison & Hinkley 1997, ch. 4)
+        calibrated = [max((int((s["beyond"] <= p).sum()) + 1) / (len(s["beyond"]) + 1) for s in sims if s)
+                      for p in args.calibrate]
         holm = multipletests(calibrated, method="holm")[1]
         for p, c, h in zip(args.calibrate, calibrated, holm):
             print(f"minimum-effect p {p:.4g}: calibrated {c:.4f}, Holm over the {len(calibrated)} given {h:.4f}")
