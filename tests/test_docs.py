@@ -236,6 +236,10 @@ def test_finding2s_size_check_reproduces_its_committed_output():
     assert cal.returncode == 0 and cal.stdout.splitlines()[-2:] == [
         "minimum-effect p 1: calibrated 1.0000, Holm over the 2 given 1.0000",
         "minimum-effect p 0: calibrated 0.0909, Holm over the 2 given 0.1818"], cal.stdout  # (0 + 1) / (10 + 1), x 2
+    bad = subprocess.run([sys.executable, str(script.relative_to(ROOT)), "--calibrate", "0.2", "1.5"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and bad.stderr.splitlines()[-1] == (
+        "size_check.py: error: --calibrate: p-values in [0, 1], not [0.2, 1.5]") and not bad.stdout
 
 
 LANES = ROOT / "experiments" / "finding2" / "lanes"

@@ -172,6 +172,10 @@ def main() -> None:
     ap.add_argument("--calibrate", type=float, nargs="+", metavar="P",
                     help="observed minimum-effect p-values to calibrate against the rows near the margin")
     args = ap.parse_args()
+    if args.reps < 2:
+        ap.error(f"--reps={args.reps}: an integer >= 2")
+    if args.calibrate and not all(0 <= p <= 1 for p in args.calibrate):
+        ap.error(f"--calibrate: p-values in [0, 1], not {args.calibrate}")
     ds = pairs()
     near = [d for d in ds if NEAR[0] <= abs(d.mean()) <= NEAR[1]]
     comps = {name: np.array([[c["seed"], c["example"], c["residual"]] for c in (stats.crossed(d)[3] for d in group)])
