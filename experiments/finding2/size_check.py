@@ -30,9 +30,7 @@ from __future__ import annotations
 
 import argparse
 import collections
-import glob
 import itertools
-import re
 
 import numpy as np
 from scipy import optimize, stats as st
@@ -40,28 +38,28 @@ from scipy.special import expit
 from statsmodels.stats.multitest import multipletests
 
 from qft import stats
+from qft.tools import power
 
 SOURCES = ("results/finding1/runs", "results/finding3/runs")
 SEEDS, DOCS, MARGIN = 5, 2160, 0.02
 NEAR = (0.01, 0.03)  # |mean difference| of the pairs that give the shape
 LAWS = ("normal", "two-point", "contaminated")
+# contaminated: (1 - WIDE) N(0, c^2) + WIDE N(0, (WIDE_SCALE c)^2), of variance WIDE_VAR c^2
+WIDE, WIDE_SCALE = 0.1, 4.0
+WIDE_VAR = 1 - WIDE + WIDE * WIDE_SCALE ** 2
 HOLM = (0.05, 0.025, 0.05 / 3, 0.0125, 0.01)  # Holm's thresholds over five claims
 
 
 def pairs() -> list[np.ndarray]:
-    """Every pair of 5-seed cells within a source: the (seed x document) matrix of correct(A) - correct(B)."""
+    """Every pair of 5-seed trained cells within a source: the (seed x document) matrix of correct(A) - correct(B),
+    read as the power planner reads records (`qft.tools.power`)."""
     out = []
     for source in SOURCES:
-        cells = collections.defaultdict(dict)
-        for f in sorted(glob.glob(f"{source}/*/examples.npz")):
-            name = f.split("/")[-2]
-            z = np.load(f)
-            cells[re.sub(r",?seed=\d+", "", name)][int(re.search(r"seed=(\d+)", name).group(1))] = (
-                z["final.test.id"], z["final.test.correct"].astype(float))
-        full = {c: v for c, v in cells.items() if sorted(v) == list(range(SEEDS))}
-        for a, b in itertools.combinations(sorted(full), 2):
-            assert all((full[a][s][0] == full[b][s][0]).all() for s in range(SEEDS)), (a, b)
-            out.append(np.stack([full[a][s][1] - full[b][s][1] for s in range(SEEDS)]))
+        full = [v for v in power.by_config(power.runs([source]), "accuracy").values()
+                if sorted(v) == list(range(SEEDS))]
+        for a, b in itertools.combinations(full, 2):
+            assert all(np.array_equal(a[s][0], b[s][0]) for s in range(SEEDS))
+            out.append(np.stack([a[s][1] - b[s][1] for s in range(SEEDS)]))
     return out
 
 
@@ -84,8 +82,8 @@ def seed_law(law: str, sd: float, size, rng) -> np.ndarray:
         return rng.normal(0, sd, size)
     if law == "two-point":
         return sd * rng.choice([-1.0, 1.0], size)
-    wide = rng.random(size) < 0.1  # contaminated: variance 0.9 c^2 + 0.1 (4c)^2 = 2.5 c^2
-    return rng.normal(0, sd / np.sqrt(2.5), size) * np.where(wide, 4.0, 1.0)
+    wide = rng.random(size) < WIDE
+    return rng.normal(0, sd / np.sqrt(WIDE_VAR), size) * np.where(wide, WIDE_SCALE, 1.0)
 
 
 def grid(law: str, m: int) -> tuple[np.ndarray, np.ndarray]:
@@ -97,8 +95,9 @@ def grid(law: str, m: int) -> tuple[np.ndarray, np.ndarray]:
     z /= z.std()
     if law == "normal":
         return z, np.full(m, 1 / m)
-    c = 1 / np.sqrt(2.5)  # contaminated: 0.9 N(0, c^2) + 0.1 N(0, (4c)^2), variance 1
-    return np.concatenate([c * z, 4 * c * z]), np.concatenate([np.full(m, 0.9 / m), np.full(m, 0.1 / m)])
+    c = 1 / np.sqrt(WIDE_VAR)  # contaminated, at variance 1
+    return (np.concatenate([c * z, WIDE_SCALE * c * z]),
+            np.concatenate([np.full(m, (1 - WIDE) / m), np.full(m, WIDE / m)]))
 
 
 def calibrate(target: float, seed_comp: float, ex_comp: float | None, law: str, pi: tuple) -> tuple[float, ...]:
@@ -153,8 +152,8 @@ def simulate(row: tuple, shape: tuple, pi: tuple, reps: int) -> dict | None:
         margin, null = (calibrate(t, seed_target, ex_target, law, pi) for t in (MARGIN, 0.0))
     except ValueError:
         return None
-    rng = np.random.default_rng(20261206)
-    out = collections.defaultdict(list)
+    rng = np.random.default_rng(20261206)  # every row's one stream: --calibrate draws the same studies as the table,
+    out = collections.defaultdict(list)  # so it simulates the truth-0 studies too, though it reads none of them
     for _ in range(reps):
         d = study(rng, shape, law, *margin)
         c = stats.crossed(d)[3]
