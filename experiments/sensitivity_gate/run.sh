@@ -1,13 +1,13 @@
 #!/bin/bash
 # Start, or restart, the gate's two lanes, from the repository root. Each lane runs its lines of jobs.txt in order at
-# 1 thread, from a checkout pinned at the commit that declared plan.yaml (GATE_CHECKOUT, default beside this
-# repository), with this checkout's .venv (PYTHON); the records land in this checkout's
+# 1 thread, from a checkout pinned at qft 93e4679, the commit that declared plan.yaml (GATE_COMMIT; GATE_CHECKOUT,
+# default beside this repository), with this checkout's .venv (PYTHON); the records land in this checkout's
 # results/sensitivity_gate/runs, where a done run is skipped and a killed one resumes from its checkpoint, so a
 # restart is the same command. Output and the lanes' start/end lines go to $TMPDIR (default /tmp).
 #   bash experiments/sensitivity_gate/run.sh            # --prepare: make the checkout, start nothing
 set -euo pipefail
 repo=$PWD
-commit=${GATE_COMMIT:-$(git log -1 --format=%h -- experiments/sensitivity_gate/plan.yaml)}
+commit=${GATE_COMMIT:-93e4679}
 checkout=${GATE_CHECKOUT:-$(dirname "$repo")/qft-sensitivity-gate-$commit}
 python=${PYTHON:-$repo/.venv/bin/python}
 out=$repo/results/sensitivity_gate/runs
