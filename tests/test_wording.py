@@ -1,6 +1,6 @@
 """The project's documents speak of the project only: what ran, on which CPU, when and why. README.md, docs/,
 experiments/ and benchmarks/ (their file names too) never tell how the work was organised: no "session", no machine
-"lent", no "issue N", no absolute path of one machine. Pre-registered plan.yaml text stays as written (a wording
+"lent", no "issue N", no absolute path of one machine, no pointer to notes outside the repository. Pre-registered plan.yaml text stays as written (a wording
 correction is appended to it as a dated erratum), so plan.yaml files are not read here."""
 
 import re
@@ -18,6 +18,7 @@ WORDS = {
     "lent": re.compile(r"\blent\b", re.I),
     "issue number": re.compile(r"\bissues?\s*#?\d+|\bthe issue's\b", re.I),
     "machine path": re.compile(r"(?<![\w.~$])/(?:work|home|Users|root|mnt|scratch)/"),
+    "outside the repository": re.compile(r"\.\./shared/|\bDESIGN(?:\.md)?\b"),
 }
 CODE = re.compile(r"""scope\s*=\s*["']session["']""")  # pytest's fixture scope is code, not history
 
@@ -40,6 +41,7 @@ def files() -> list[Path]:
     ("the studies of issue 6", ["issue number"]),
     ("the 1.6x the issue's target asks", ["issue number"]),
     ("WORKTREE, default /work/f2x", ["machine path"]),
+    ("see `../shared/DESIGN.md`", ["outside the repository"]),
     ('@pytest.fixture(scope="session")', []),
     ("a silent run, lentils, ~/.cache/qft, $HOME/work/x, excellent", []),
 ])
