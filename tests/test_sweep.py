@@ -469,3 +469,20 @@ def test_report_draws_learning_curves_labelled_by_what_differs(tmp_path):
     assert [r.split(" | ")[0] for r in table[2:]] == ["| 1", "| 2", "| 3"]
     assert table[4].split(" | ")[1:3] == [f"{rec['val_curve'][2][1]:.4f}", f"{rec['val_loglik_curve'][2][1]:.4f}"]
     assert files["learning_curves"].read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_smoke_study_writes_its_records_under_the_ignored_outputs_folder(monkeypatch):
+    """`python -m qft +experiment=smoke` (docs/studies.md) checks the machinery; its records are nobody's study, so they
+    land in git-ignored outputs/smoke/runs, never as an untracked results/smoke/ in the working tree."""
+    from hydra import compose, initialize_config_dir
+
+    from qft import config
+
+    monkeypatch.delenv("QFT_SWEEP_DIR", raising=False)
+    with initialize_config_dir(config.CONF, version_base="1.3"):
+        cfg = compose("config", overrides=["+experiment=smoke"], return_hydra_config=True)
+    where = str(cfg.hydra.sweep.dir)
+    assert where == "outputs/smoke/runs"
+    ignored = subprocess.run(["git", "check-ignore", "-q", f"{where}/adapter.attn.r=0,adapter.mlp.r=0/result.json"],
+                             cwd=ROOT)
+    assert ignored.returncode == 0  # 1: git would show the records as untracked files
