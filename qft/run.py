@@ -134,11 +134,15 @@ def build(cfg, source: model.Source, device: torch.device, trains_on: torch.devi
         ran["compiled_masks"] = bool(adapter.compile_masks(net))
     if cfg.train.get("compiled_rope", False) and cpu:
         ran["compiled_rope"] = bool(model.compile_rope(net))
-    if cfg.train.get("fuse_projections", False):
+    # fusion on the CPU only: on CUDA, where cuBLAS promises no column its bits inside a wider matmul, it has not been
+    # shown to change no number (scripts/gpu_check.py compares it there); the record says whether it ran
+    ran["fuse_projections"] = bool(cfg.train.get("fuse_projections", False)) and cpu
+    if ran["fuse_projections"]:
         fuse.install(net, projections, source.model_type)
-        if cfg.train.get("compiled_sums", False) and cpu:
+        if cfg.train.get("compiled_sums", False):
             ran["compiled_sums"] = bool(fuse.compile_sums(net))
-        if cfg.train.get("split_rows", False) and cpu:
+        # the halves are for matmuls on several threads (`fuse._linear`): at one thread the switch never splits
+        if cfg.train.get("split_rows", False) and threads > 1:
             ran["split_rows"] = bool(fuse.split_rows(net))
     depth_groups = {g: tuple(v["layers"]) for g, v in (cfg.adapter.depth_groups or {}).items()} or None
     if torch.get_num_threads() != threads:

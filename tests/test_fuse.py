@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from peft.tuners.lora import bnb as lora_bnb
 
-from qft import fuse, record, train
+from qft import fuse, model, record, run, train
 from conftest import build, make_cfg, spread_lora_b
 
 PROMPTS = [[5, 6, 7, 8, 9], [11, 12, 13], [20, 21, 22, 23, 24, 25, 26]]
@@ -279,3 +279,59 @@ def test_split_rows_is_an_execution_setting_recorded_outside_the_hash():
     on, off = make_cfg("train.split_rows=true"), make_cfg("train.split_rows=false")
     assert record.config_hash(on) == record.config_hash(off)
     assert record.execution(on)["split_rows"] is True and record.execution(off)["split_rows"] is False
+
+
+def test_split_rows_is_recorded_as_what_ran_one_thread_never_splits(two_threads):
+    """At one thread the halves never run (`fuse._linear`): the switch is not installed and the record says false."""
+    _, _, built = build("train.fuse_projections=true", "train.split_rows=true")
+    assert built.ran["split_rows"] is True and all(g.split_rows for g in built.model._qft_fused)
+    torch.set_num_threads(1)
+    _, _, built = build("train.fuse_projections=true", "train.split_rows=true")
+    assert built.ran["split_rows"] is False and not any(g.split_rows for g in built.model._qft_fused)
+    assert built.model._qft_fused  # fused all the same
+
+
+def test_fusion_is_off_where_training_is_on_cuda():
+    """cuBLAS promises no column its bits inside a wider matmul: a model built to train on CUDA runs unfused (the
+    dense head too) and its record says so; the CPU build of the same config fuses."""
+    cfg = make_cfg("train.fuse_projections=true", "quant=none")
+    source = model.resolve(cfg.model, cfg.cache_dir)
+    cuda = run.build(cfg, source, torch.device("cpu"), trains_on=torch.device("cuda"))
+    assert cuda.ran["fuse_projections"] is False and not getattr(cuda.model, "_qft_fused", [])
+    assert "forward" not in cuda.model.get_base_model().get_output_embeddings().__dict__
+    assert not any(cuda.ran[k] for k in record.SWITCHES)
+    cpu = run.build(cfg, source, torch.device("cpu"))
+    assert cpu.ran["fuse_projections"] is True and cpu.model._qft_fused
+
+
+def test_mixed_bias_groups_make_their_zeros_on_the_members_device():
+    """A group whose members differ in having a bias fills the gaps with zeros on the biases' device, not the CPU's
+    (on CUDA a CPU zero vector in the concatenation would fail)."""
+    parent = torch.nn.Module()
+    parent.q_proj = torch.nn.Linear(8, 4, bias=True, device="meta")
+    parent.k_proj = torch.nn.Linear(8, 2, bias=False, device="meta")
+    group = fuse.Group(parent, ("q_proj", "k_proj"))
+    assert group.fusable()
+    group.install()
+    assert group.bias.device.type == "meta" and group.bias.shape == (6,)
+    cpu = torch.nn.Module()
+    cpu.q_proj, cpu.k_proj = torch.nn.Linear(8, 4, bias=True), torch.nn.Linear(8, 2, bias=False)
+    group = fuse.Group(cpu, ("q_proj", "k_proj"))
+    group.install()
+    assert torch.equal(group.bias, torch.cat([cpu.q_proj.bias.data, torch.zeros(2)]))
+
+
+def test_an_input_changed_in_place_is_not_served_from_the_groups_cache():
+    """The group computes its frozen matmul once per input for all members; an input changed in place between two
+    members' calls (same tensor, new `_version`) is computed anew, as the unfused members would."""
+    _, _, built = build("train.fuse_projections=true", "quant=none", "quant.compute_dtype=fp32", "adapter.dropout=0.0")
+    spread_lora_b(built.model)
+    group = next(g for g in built.model._qft_fused if len(g.members) == 3)
+    x = torch.randn(2, 5, group.bases[0].in_features)
+    with torch.no_grad():
+        group.members[0](x)  # q: the group's matmul over x, cached for k and v
+        x.mul_(2.0)
+        got = group.members[1](x)
+        fuse.remove(built.model)
+        want = group.members[1](x)  # k unfused, on the changed x
+    assert torch.equal(got, want)
