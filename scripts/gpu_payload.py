@@ -95,10 +95,8 @@ def fetch(out: Path = WHL, cuda: str = CUDA) -> None:
             else:
                 shutil.copy2(whl, out / whl.name)
     tokenizer_folder(out / TOKENIZER)
-    wanted = {k.replace("-", "_").lower() for k in (*PINS, *BUILT)}
-    got = {w.name.split("-")[0].lower() for w in out.glob("*.whl")}
-    if got != wanted:
-        raise SystemExit(f"fetch_gpu_wheels: .whl/ lacks {sorted(wanted - got)}")
+    if not filled(out):
+        raise SystemExit(f"fetch_gpu_wheels: {out} lacks a wheel of {', '.join((*PINS, *BUILT))} or the tokenizer")
 
 
 def _files(args: list[str]) -> list[Path]:
@@ -120,7 +118,8 @@ def payload(whl: Path = WHL) -> dict:
 def filled(whl: Path = WHL) -> bool:
     """Whether `fetch` has filled `whl` (each package's wheel and the tokenizer folder)."""
     names = {w.name.split("-")[0].lower() for w in whl.glob("*.whl")} if whl.is_dir() else set()
-    return names == {k.replace("-", "_").lower() for k in (*PINS, *BUILT)} and (whl / TOKENIZER / "tokenizer.json").is_file()
+    wanted = {k.replace("-", "_").lower() for k in (*PINS, *BUILT)}
+    return names == wanted and (whl / TOKENIZER / "tokenizer.json").is_file()
 
 
 def main(argv=None) -> int:
