@@ -191,13 +191,15 @@ def _():
 
     c = config.compose(e2e_overrides(), "gpu_check")
     src = model.resolve(c.model, c.cache_dir)
-    attn = [p.proj for p in layers.classify(model.load(src), "llama") if p.layer_type == "attn"]
+    base = model.load(src)  # the run's base: model.seed's random weights
+    attn = sorted({p.proj for p in layers.classify(base, "llama") if p.layer_type == "attn"})
     with tempfile.TemporaryDirectory() as tmp:
-        model.load(src).save_pretrained(tmp)
+        base.save_pretrained(tmp)
+        del base
         stock = AutoModelForCausalLM.from_pretrained(
             tmp, dtype=torch.float32, device_map={"": 0 if CUDA else "cpu"}, quantization_config=BitsAndBytesConfig(
                 load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                bnb_4bit_compute_dtype=torch.bfloat16, llm_int8_skip_modules=sorted(set(attn)) + ["lm_head"]))
+                bnb_4bit_compute_dtype=torch.bfloat16, llm_int8_skip_modules=attn + ["lm_head"]))
     for name, m in stock.named_modules():  # qft's 16-bit layers hold their weight in the compute dtype
         if name.rpartition(".")[2] in attn:
             m.to(torch.bfloat16)

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from peft.tuners.lora import bnb as lora_bnb
 
-from qft import fuse, model, record, run, train
+from qft import fuse, record, train
 from conftest import build, make_cfg, spread_lora_b
 
 PROMPTS = [[5, 6, 7, 8, 9], [11, 12, 13], [20, 21, 22, 23, 24, 25, 26]]
@@ -289,19 +289,6 @@ def test_split_rows_is_recorded_as_what_ran_one_thread_never_splits(two_threads)
     _, _, built = build("train.fuse_projections=true", "train.split_rows=true")
     assert built.ran["split_rows"] is False and not any(g.split_rows for g in built.model._qft_fused)
     assert built.model._qft_fused  # fused all the same
-
-
-def test_fusion_is_off_where_training_is_on_cuda():
-    """cuBLAS promises no column its bits inside a wider matmul: a model built to train on CUDA runs unfused (the
-    dense head too) and its record says so; the CPU build of the same config fuses."""
-    cfg = make_cfg("train.fuse_projections=true", "quant=none")
-    source = model.resolve(cfg.model, cfg.cache_dir)
-    cuda = run.build(cfg, source, torch.device("cpu"), trains_on=torch.device("cuda"))
-    assert cuda.ran["fuse_projections"] is False and not getattr(cuda.model, "_qft_fused", [])
-    assert "forward" not in cuda.model.get_base_model().get_output_embeddings().__dict__
-    assert not any(cuda.ran[k] for k in record.SWITCHES)
-    cpu = run.build(cfg, source, torch.device("cpu"))
-    assert cpu.ran["fuse_projections"] is True and cpu.model._qft_fused
 
 
 def test_mixed_bias_groups_make_their_zeros_on_the_members_device():
