@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 import shutil
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -23,13 +24,30 @@ from qft.planning import stages
 from qft.errors import QftError
 
 
+_ONE_RUN = threading.Lock()  # a run seeds and draws from torch's global generator and sets its thread count
+
+
 def run(cfg, run_dir: Path, keys=None) -> dict:
     """Run one fine-tune and write its record; a failure is recorded with its reason, then re-raised.
 
     A run directory that already holds an ok record of the same config is left alone, so re-running a
     sweep redoes only what failed or never finished. `keys`: the keys of the presets Hydra chose
     (qft.config.chosen), so that a key appended to presets that lack it is refused.
+    One run at a time per process: torch's random generator and thread count are the process's, so two runs on
+    threads of one process (a notebook's, a user's thread pool) would each draw the other's numbers and both record
+    ok. A second is refused before it reads or records anything; run each in its own process (as Hydra's launchers do).
     """
+    if not _ONE_RUN.acquire(blocking=False):
+        raise QftError("run_dir", str(run_dir), "another run is in progress in this process (on another thread); "
+                       "torch's random generator is the process's, so runs go one at a time per process: start "
+                       "this one after it, or in its own process")
+    try:
+        return _run(cfg, run_dir, keys)
+    finally:
+        _ONE_RUN.release()
+
+
+def _run(cfg, run_dir: Path, keys) -> dict:
     started = time.time()
     _name_auto_dtype(cfg)
     previous = record.read(run_dir)
@@ -134,11 +152,15 @@ def build(cfg, source: model.Source, device: torch.device, trains_on: torch.devi
         ran["compiled_masks"] = bool(adapter.compile_masks(net))
     if cfg.train.get("compiled_rope", False) and cpu:
         ran["compiled_rope"] = bool(model.compile_rope(net))
-    if cfg.train.get("fuse_projections", False):
+    # fusion on the CPU only: on CUDA, where cuBLAS promises no column its bits inside a wider matmul, it has not been
+    # shown to change no number (scripts/gpu_check.py compares it there); the record says whether it ran
+    ran["fuse_projections"] = bool(cfg.train.get("fuse_projections", False)) and cpu
+    if ran["fuse_projections"]:
         fuse.install(net, projections, source.model_type)
-        if cfg.train.get("compiled_sums", False) and cpu:
+        if cfg.train.get("compiled_sums", False):
             ran["compiled_sums"] = bool(fuse.compile_sums(net))
-        if cfg.train.get("split_rows", False) and cpu:
+        # the halves are for matmuls on several threads (`fuse._linear`): at one thread the switch never splits
+        if cfg.train.get("split_rows", False) and threads > 1:
             ran["split_rows"] = bool(fuse.split_rows(net))
     depth_groups = {g: tuple(v["layers"]) for g, v in (cfg.adapter.depth_groups or {}).items()} or None
     if torch.get_num_threads() != threads:

@@ -178,18 +178,34 @@ def test_bad_documented_overrides_would_fail():
         validate.validate(hydra_cfg(["data=local", "data.path=/no/such.csv"]))
 
 
-def test_gpu_check_runs_its_cpu_parts_and_names_what_it_skips():
+def test_gpu_check_runs_its_cpu_parts_and_names_what_it_skips(tmp_path):
+    """scripts/gpu_check.sh OUT runs the rows a CPU can, names each skipped row with its reason, and writes every row
+    to OUT/gpu_check.md and OUT/gpu_check.jsonl as the console shows it; without OUT it refuses in one line."""
+    import json
+    import os
     import subprocess
+    import sys
 
-    res = subprocess.run(["bash", "scripts/gpu_check.sh"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    env = {**os.environ, "PYTHON": sys.executable}
+    res = subprocess.run(["bash", "scripts/gpu_check.sh"], cwd=ROOT, capture_output=True, text=True, env=env)
+    assert res.returncode == 2 and res.stderr.startswith("usage: bash scripts/gpu_check.sh OUT")
+    res = subprocess.run(["bash", "scripts/gpu_check.sh", str(tmp_path / "out")], cwd=ROOT, capture_output=True,
+                         text=True, timeout=900, env=env)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
-    rows = {line.split(" | ")[0].strip("| "): line.split(" | ")[1] for line in res.stdout.splitlines()
-            if line.startswith("| ") and not line.startswith("| check")}
-    assert rows["NF4 forward/backward vs dequantized reference"] == "ok"
-    assert rows["offload=activations vs none (streams, pinned buffers, prefetch)"] == "ok"
-    assert rows["paged 8-bit AdamW"] == "skipped" and len(rows) == 10
+    lines = [line for line in res.stdout.splitlines() if line.startswith("| ") and not line.startswith("| check")]
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ")[1:3] for line in lines}
+    assert rows["NF4 forward/backward vs dequantized reference"][0] == "ok"
+    assert rows["offload=activations vs none (streams, pinned buffers, prefetch)"][0] == "ok"
+    assert rows["paged 8-bit AdamW"] == ["skipped", "no CUDA"] and len(rows) == 14
+    for name in ("python -m qft end to end (BBC, mixed bits and ranks)", "fusion on CUDA: loss and gradients "
+                 "bit-identical to unfused?", "its adapter in stock peft on a stock-quantized base: same test scores"):
+        assert rows[name] == ["skipped", "no CUDA"], name
+    assert all(detail for status, detail in rows.values() if status == "skipped")  # each with its reason
     # ok where this CPU has bf16 units, else skipped (emulated bf16 would take minutes); never FAIL
-    assert rows["quant.attention_dtype=fp32 vs compute"] == ("ok" if model.native_bf16("cpu") else "skipped")
+    assert rows["quant.attention_dtype=fp32 vs compute"][0] == ("ok" if model.native_bf16("cpu") else "skipped")
+    assert [line for line in (tmp_path / "out" / "gpu_check.md").read_text().splitlines() if line in lines] == lines
+    written = [json.loads(line) for line in (tmp_path / "out" / "gpu_check.jsonl").read_text().splitlines()]
+    assert [[r["result"], r["detail"]] for r in written] == list(rows.values())
 
 
 PLANS = sorted((ROOT / "experiments").glob("*/plan.yaml"))
