@@ -70,7 +70,7 @@ def resolve_margin(plan: dict, controls: list[dict]) -> tuple[float, str, bool]:
     comp = ctl["comp"]
     if comp is None or comp.verdict != "differs":
         why = "was not computed" if comp is None else f"came out {comp.verdict}"
-        return 0.0, (f"unresolved: {m['factor']:g} x the cost of control {m['relative_to']!r}, which {why}; no "
+        return 0.0, (f"{m['factor']:g} x the cost of control {m['relative_to']!r}, which {why}; no "
                      "equivalence verdicts"), False
     return m["factor"] * abs(comp.diff), (f"{m['factor']:g} x the measured cost of control {m['relative_to']!r} "
                                           f"(|{comp.diff:+.4f}|)"), True

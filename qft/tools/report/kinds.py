@@ -97,8 +97,8 @@ def markdown(named: list[tuple[str, dict]]) -> list[str]:
             cells.append([name if i == 0 else "", r.get("kind", "no pairs"), len(r.get("seeds", [])),
                           _number(r.get("diff"), "+.4f"), ci, _test(s["heterogeneity"]) if i == 0 and s else ""])
     lines = [f"Per run kind (the pairs of each contrast by the kind they ran on; a - b and its 95% interval from that "
-             f"kind's pairs alone, from 2 pairs, descriptive; whether the contrast differs across kinds: "
-             f"{HETEROGENEITY}):", "",
+             f"kind's pairs alone, an interval from 2 pairs up, descriptive, no verdict; whether the contrast differs "
+             f"across kinds: {HETEROGENEITY}):", "",
              *table(["contrast", "run kind", "pairs", "a - b", "95% CI", "kinds differ?"], cells)]
     if refused:
         lines += ["", "Pairs refused, their two cells on different run kinds (left out of every analysis above):",
