@@ -142,7 +142,7 @@ def compare_configs(ok, key_a, key_b, margin: float = MARGIN, metric: str = "acc
     p = pairs(ok, key_a, key_b)
     if kind is not None:
         p = p.only(kind)
-    ea, eb = _examples(p.a, metric), _examples(p.b, metric)
+    ea, eb = example_scores(p.a, metric), example_scores(p.b, metric)
     seeds = sorted(p.a)
     if ea and eb:
         if len(seeds) < (1 if all(p.untrained) else min_seeds):
@@ -172,7 +172,7 @@ def compare_configs(ok, key_a, key_b, margin: float = MARGIN, metric: str = "acc
     return c
 
 
-def _examples(rows: dict, metric: str) -> dict | None:
+def example_scores(rows: dict, metric: str) -> dict | None:
     """seed -> (example ids, per-example scores) of the final test evaluation, or None if any run lacks them."""
     out = {}
     for seed, run_dir in rows.items():

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from qft.tools.report.compare import Pairs, _examples, compare_configs, pairs
+from qft.tools.report.compare import Pairs, compare_configs, example_scores, pairs
 from qft.tools.report.tables import table
 
 HETEROGENEITY = "one-way ANOVA of the pairs' differences across kinds (scipy.stats.f_oneway)"
@@ -17,7 +17,7 @@ HETEROGENEITY = "one-way ANOVA of the pairs' differences across kinds (scipy.sta
 
 def pair_differences(ok, p: Pairs, metric: str) -> dict:
     """seed -> the pair's mean difference a - b in the metric (per-example scores where kept, else test accuracy)."""
-    ea, eb = _examples(p.a, metric), _examples(p.b, metric)
+    ea, eb = example_scores(p.a, metric), example_scores(p.b, metric)
     if ea and eb:
         return {s: float(np.mean(ea[s][1] - eb[s][1])) for s in p.a}
     if metric != "accuracy":
