@@ -60,7 +60,7 @@ def row(rec: dict, path: Path) -> dict:
 
 def run_kind(execution: dict | None, versions: dict | None = None, history=(), eval_batch: int | None = None
              ) -> str | None:
-    """What one comparison must not mix (docs/studies.md), as one string: the GPU, or the CPU (name, family/model
+    """What the two records of one pair must share (docs/studies.md, "Run kinds"), as one string: the GPU, or the CPU (name, family/model
     numbers where recorded) and its kind, the thread count, the compute dtype, fused or unfused projections, a
     pipeline's layers per stage and micro-batches, the torch version, each where recorded, and the evaluation's batch
     size where given (any of them can move a result's last bits; the batch size moves bf16 label scores through the

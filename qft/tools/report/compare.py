@@ -1,5 +1,6 @@
-"""Configurations against each other: seeds pooled per configuration, and a difference with its interval and
-verdict, paired over examples where the records allow it, so a reader sees whether it beats the seed noise."""
+"""Configurations against each other: seeds pooled per cell (the cell key: one cell whatever kind ran it), and a
+difference with its interval and verdict over pairs (a seed's two cells) of one run kind, pooled across kinds, paired
+over examples where the records allow it, so a reader sees whether it beats the seed noise."""
 
 from __future__ import annotations
 
@@ -68,7 +69,7 @@ def grouped(df, versus: dict | None = None, within: tuple = (), margin: float = 
     out["vs_verdict"], out["vs_method"], out["vs_refused"] = "", "", ""
     for i, c in comparisons.items():
         refused = pairs(ok, out.cell_key[i], out.cell_key[out.vs_ref[i]]).refused
-        out.loc[i, "vs_refused"] = ", ".join(f"seed {s} ({Path(str(da)).name} on {ka}; "
+        out.loc[i, "vs_refused"] = ", ".join(f"seed {s} ({Path(str(da)).name if da else '-'} on {ka}; "
                                              f"{Path(str(db)).name if db else '-'} on {kb})"
                                              for s, da, ka, db, kb in refused)
         if c is None:
