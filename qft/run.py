@@ -58,8 +58,7 @@ def _run(cfg, run_dir: Path, keys) -> dict:
         device = torch.device(validate.validate(cfg, keys=keys))  # first: a refused config reads and hashes nothing
         rec["inputs"] = inputs = record.inputs(cfg)
         rec["config_hash"] = config_hash = record.config_hash(cfg, inputs_=inputs)
-        if previous and previous.get("status") == "ok" and previous.get("config_hash") == config_hash \
-                and not cfg.sweep.force:
+        if previous and previous.get("status") == "ok" and not cfg.sweep.force and _same_cell(previous, rec):
             print(f"qft: {run_dir} already holds an ok record of this config; skipped (sweep.force=true reruns it)")
             return previous
         record.reset_peak_memory(device)
@@ -105,6 +104,16 @@ def _run(cfg, run_dir: Path, keys) -> dict:
                      for s, v in (rec.get(k) or {}).items()}, rec["steps"])
     tracker.close(rec["status"])
     return rec
+
+
+def _same_cell(previous: dict, rec: dict) -> bool:
+    """Whether an ok record already holds this run: the same config hash, or the same seed of the same cell made on
+    another run kind (record.cell_key: a compute dtype that `auto` resolved otherwise there), so a study resumed on
+    another CPU kind keeps its finished records instead of overwriting them."""
+    if previous.get("config_hash") == rec["config_hash"]:
+        return True
+    return previous.get("seed") == rec["seed"] and "config" in previous and \
+        record.cell_key(previous["config"], previous.get("inputs")) == record.cell_key(rec["config"], rec["inputs"])
 
 
 def _name_auto_dtype(cfg) -> None:

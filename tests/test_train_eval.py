@@ -197,6 +197,17 @@ def test_ok_records_are_skipped_unless_forced(tmp_path, capsys):
     assert forced["wall_seconds"] != first["wall_seconds"] and forced["loss_curve"] == first["loss_curve"]
 
 
+def test_an_ok_record_made_on_another_kind_is_skipped_unless_forced(tmp_path, capsys):
+    """A study resumed on a CPU kind where `auto` resolves another compute dtype keeps its finished records: the
+    same seed of the same cell (record.cell_key) is skipped, another seed is not."""
+    first = run.run(make_cfg(*RUN, "quant.compute_dtype=fp32"), tmp_path)
+    capsys.readouterr()
+    again = run.run(make_cfg(*RUN, "quant.compute_dtype=bf16"), tmp_path)
+    assert again == first and "already holds an ok record" in capsys.readouterr().out
+    other_seed = run.run(make_cfg(*RUN, "quant.compute_dtype=bf16", "seed=7"), tmp_path)
+    assert other_seed["seed"] == 7 and other_seed["config_hash"] != first["config_hash"]
+
+
 def test_nan_loss_is_recorded_as_failed(tmp_path, monkeypatch):
     import pytest
 
