@@ -263,13 +263,16 @@ def test_a_difference_beyond_the_margin_says_so():
     a = np.tile(np.r_[np.ones(5500), np.zeros(4500)], (3, 1))
     b = a.copy()
     b[:, :500] = 0  # 0.05 lower everywhere, on every seed
-    b[0, 9000:9010] = 1  # not quite the same on every seed, so the pivot has a spread
+    for seed, k in enumerate((10, 12, 8)):  # a few the other way on every seed, so the pivots have a spread
+        b[seed, 9000:9000 + k] = 1
     paired = stats.paired(a, b, margin=0.02)
     assert paired.beyond_margin and paired.word() == "differs (by more than ±0.02)"
     assert stats.paired(b, a, margin=0.02).p_beyond == pytest.approx(paired.p_beyond)  # the lower side
     inside = stats.paired(a, np.where(np.arange(10000) < 80, 0, a), margin=0.02)
     assert not inside.beyond_margin and inside.p_beyond == pytest.approx(1.0)  # 13 standard errors inside
-    assert stats.paired(a, b, margin=0.0).p_beyond == pytest.approx(paired.p)  # margin 0: the two-sided p
+    # correctness records: the split's pivot (`beyond_correct`); margin 0 gives its two-sided p
+    assert paired.p_beyond == stats.beyond_correct(a - b, 0.02)
+    assert stats.paired(a, b, margin=0.0).p_beyond <= paired.p_beyond < 0.01
     stats.holm([c, None, None])
     assert c.p_beyond_adj == pytest.approx(min(1.0, 3 * c.p_beyond))
 
