@@ -15,11 +15,12 @@ coverage on 1,000 simulated studies with normal seed and example effects: 3 seed
 and 5 x 1,000 at the committed components. On the committed records' own shape (5 x 2,160 sparse -1/0/+1
 differences, about 4% discordant where the difference is near 0.02, a seed moving which way the discordant examples
 go; experiments/finding2/size_check.py) TOST keeps its level, the difference test about its level (up to 0.081
-at 0.05 where each seed goes one way or the other), and the minimum-effect test at the margin leans liberal as the
-seed component grows: 0.037-0.038 at 0.05 without one, up to 0.064 at the largest component of findings 1 and 3's
-cell pairs near the margin, 0.085 at a stress component (a difference cannot exceed the discordance, so the seed
-means are skewed away from it). The pivot's p-values come from a fixed stream of 20,000 draws: the smallest (below
-0.001) read about a tenth high, the safe side.
+at 0.05 where each seed goes one way or the other), and the mean's pivot's minimum-effect test at the margin leans
+liberal as the seed component grows (a difference cannot exceed the discordance, so the seed means are skewed away
+from it): so on correctness records the minimum-effect p is `beyond_correct`'s, which also reads a pivot on each
+seed's split of its discordant examples and holds its level there (tests/test_size.py, `make reproduce`). The
+pivots' p-values come from fixed streams of 20,000 draws: the smallest (below 0.001) read about a tenth high, the
+safe side.
 """
 
 from __future__ import annotations
