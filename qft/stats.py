@@ -181,7 +181,7 @@ def paired(a: np.ndarray, b: np.ndarray, margin: float = 0.02) -> Comparison:
     if a.shape[0] == 1:
         return _finish(mean, se, df, margin, "paired-crossed", 1, a.shape[1])
     low, high, p, p_tost, p_beyond = generalized(d, margin)
-    if is_correctness(d) and np.ptp(d) > 0:  # correctness records: the split's pivot (`beyond_correct`), not the mean's
+    if is_correctness(d) and np.ptp(d) > 0:  # correctness records: the mean's and the split's pivots (`beyond_correct`)
         p_beyond = beyond_correct(d, margin)
     return Comparison(mean, se, df, low, high, p, p_tost, margin, "paired-crossed", a.shape[0], a.shape[1],
                       components=comp, p_beyond=p_beyond)
