@@ -1,5 +1,5 @@
 """The minimum-effect test's size on the records' own shape (`make reproduce`, not `make test`: about 10,000 simulated
-studies). Shape: finding 1's and finding 3's committed 5-seed pairs near the margin (`qft.studysim`, the sampler
+studies). Shape: finding 1's and finding 3's committed 5-seed pairs near the margin (`qft.tools.studysim`, the sampler
 experiments/finding2/size_check.py uses); truth exactly on the margin (+0.02), a normal seed law on which way a seed's
 discordant documents go, at seed components 0 to 3e-4 (finding 3's int8 pair has 2.4e-4). The report's test
 (`stats.beyond_correct`) must reject at most 0.06 of 2,000 studies a row at 0.05 and 0.015 at 0.01 (binomial SE
@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from qft import stats, studysim
+from qft import stats
+from qft.tools import studysim
 
 pytestmark = pytest.mark.reproduce
 

@@ -21,9 +21,10 @@ Clopper-Pearson intervals over its simulated studies, and the minimum-effect p-v
 Holm's five thresholds (0.05/k): the nominal levels at which it would hold them. With --calibrate P..., the
 calibrated p-value of each observed minimum-effect p: the largest, over the rows near the margin (every row but the
 stress rows), of (k + 1) / (n + 1), k of n simulated studies at the margin having a p at or below it, and Holm's
-adjustment of them. The sampler and the fit live in `qft.studysim`, shared with tests/test_size.py. The minimum-effect
-p here is the mean's pivot's (`generalized`), which the report used on every paired contrast until the split's pivot
-(`stats.beyond_correct`) replaced it on correctness records: this output is the old test's size, kept as run.
+adjustment of them. The sampler and the fit live in `qft.tools.studysim`, shared with tests/test_size.py. The
+minimum-effect p here is the mean's pivot's (`generalized`), which the report used on every paired contrast until
+`stats.beyond_correct` (which also reads a pivot on each seed's split) replaced it on correctness records: this
+output is the old test's size, kept as run.
 
     python experiments/finding2/size_check.py > experiments/finding2/size_check.txt
     python experiments/finding2/size_check.py --reps 10 > experiments/finding2/size_check_reps10.txt  # the test's
@@ -38,7 +39,7 @@ from scipy import stats as st
 from statsmodels.stats.multitest import multipletests
 
 from qft import stats
-from qft.studysim import LAWS, MARGIN, NEAR, SOURCES, calibrate, fit_discordance, pairs, study
+from qft.tools.studysim import LAWS, MARGIN, NEAR, SOURCES, calibrate, fit_discordance, pairs, study
 
 HOLM = (0.05, 0.025, 0.05 / 3, 0.0125, 0.01)  # Holm's thresholds over five claims
 
