@@ -41,7 +41,7 @@ def test_the_minimum_effect_test_holds_its_level_on_sparse_records_with_a_seed_c
     assert new[-1] == stats.beyond_correct(d, studysim.MARGIN)
     new, old = np.array(new), np.array(old)
     sizes = {name: ((p < 0.05).mean(), (p < 0.01).mean()) for name, p in (("new", new), ("old", old))}
-    print(f"seed component {component:.2g}: size at 0.05 / 0.01, the split's pivot {sizes['new'][0]:.4f} / "
+    print(f"seed component {component:.2g}: size at 0.05 / 0.01, the report's test {sizes['new'][0]:.4f} / "
           f"{sizes['new'][1]:.4f}, the mean's pivot {sizes['old'][0]:.4f} / {sizes['old'][1]:.4f}")
     assert sizes["new"][0] <= 0.06 and sizes["new"][1] <= 0.015, sizes
     if component == max(COMPONENTS):  # the procedure it replaced fails the same bound on the same studies
