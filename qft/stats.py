@@ -399,8 +399,9 @@ def beyond_correct(d, margin: float) -> float:
 
     Why not the mean's pivot alone: a difference cannot exceed its discordance, so where a seed moves which way the
     discordant examples go, seed means are skewed away from that bound, and five seeds that came out high also spread
-    little; at a true difference on the margin the mean's pivot rejected up to 0.11 at 0.05 and 0.04 at 0.01
-    (tests/test_size.py, on finding 1's and finding 3's shape, seed components up to 3e-4). Why not the split's
+    little; at a true difference on the margin the mean's pivot rejected up to 0.106 at 0.05 and 0.038 at 0.01, this
+    test at most 0.041 and 0.0065 (tests/test_size.py: 2,000 studies at each of five seed components 0-3e-4 on finding
+    1's and finding 3's shape, normal seed effects on the split's log-odds). Why not the split's
     alone: it reads the seeds' spread only, so seeds that agree more than chance allows (constructed records) would
     pass on it where the mean's pivot, which also reads the examples' noise, would not."""
     d = np.asarray(d, float)
