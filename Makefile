@@ -1,12 +1,15 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: run test setup
+.PHONY: run test reproduce setup
 run: $(VENV)/.installed      ## set up, then one fine-tune on the defaults (SmolLM2-135M, NF4, BBC News)
 	$(PY) -m qft
 
 test: $(VENV)/.installed     ## set up, then the test suite
-	$(PY) -m pytest -q -n auto --maxprocesses 4 --durations=15
+	$(PY) -m pytest -q -n auto --maxprocesses 4 --durations=15 -m "not reproduce"
+
+reproduce: $(VENV)/.installed  ## set up, then the slow simulation checks (the minimum-effect test's size)
+	$(PY) -m pytest -q -n auto --maxprocesses 4 -m reproduce -rA
 
 setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml scripts/setup.sh

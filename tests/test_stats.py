@@ -1,6 +1,7 @@
 """qft.stats against scipy, statsmodels and hand computation, and its intervals' coverage in simulated studies."""
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -269,13 +270,16 @@ def test_a_difference_beyond_the_margin_says_so():
     a = np.tile(np.r_[np.ones(5500), np.zeros(4500)], (3, 1))
     b = a.copy()
     b[:, :500] = 0  # 0.05 lower everywhere, on every seed
-    b[0, 9000:9010] = 1  # not quite the same on every seed, so the pivot has a spread
+    for seed, k in enumerate((10, 12, 8)):  # a few the other way on every seed, so the pivots have a spread
+        b[seed, 9000:9000 + k] = 1
     paired = stats.paired(a, b, margin=0.02)
     assert paired.beyond_margin and paired.word() == "differs (by more than ±0.02)"
     assert stats.paired(b, a, margin=0.02).p_beyond == pytest.approx(paired.p_beyond)  # the lower side
     inside = stats.paired(a, np.where(np.arange(10000) < 80, 0, a), margin=0.02)
     assert not inside.beyond_margin and inside.p_beyond == pytest.approx(1.0)  # 13 standard errors inside
-    assert stats.paired(a, b, margin=0.0).p_beyond == pytest.approx(paired.p)  # margin 0: the two-sided p
+    # correctness records: the split's pivot (`beyond_correct`); margin 0 gives its two-sided p
+    assert paired.p_beyond == stats.beyond_correct(a - b, 0.02)
+    assert stats.paired(a, b, margin=0.0).p_beyond <= paired.p_beyond < 0.01
     stats.holm([c, None, None])
     assert c.p_beyond_adj == pytest.approx(min(1.0, 3 * c.p_beyond))
 
@@ -375,3 +379,52 @@ def test_the_equivalence_test_holds_its_level_at_the_margin(monkeypatch, seed_va
     # band +-3 SE around 0.05 and below); doubling each side's one-sided test gave about alpha/2, one tail missing
     # gives 0 on a side
     assert all(0.030 <= k / (reps / 2) <= 0.067 for k in beyond.values()), beyond
+
+
+def _splits(plus, minus, n=2160):
+    """Correctness differences with, on seed s, plus[s] examples only A gets right and minus[s] only B."""
+    d = np.zeros((len(plus), n))
+    for s, (p, m) in enumerate(zip(plus, minus)):
+        d[s, 7 * s:7 * s + p] = 1
+        d[s, 1000 + 5 * s:1000 + 5 * s + m] = -1
+    return d
+
+
+def test_the_minimum_effect_test_on_correctness_records_reads_both_pivots():
+    """Correctness records (-1/0/+1): the report's minimum-effect p is the larger of the mean's pivot's (the old one)
+    and the split's pivot's, so it never falls below the old one and equals it where the split's is smaller; a
+    seed whose discordant examples go the other way than the rest moves it far more than it moves the mean's pivot
+    (five seeds that came out high, one low: the skew the size test measures)."""
+    even = _splits((80, 78, 82, 79, 81), (22, 24, 20, 23, 21))  # seeds alike: the split's pivot is the smaller
+    assert stats.beyond_correct(even, 0.02) == stats.beyond_mean(even, 0.02) == pytest.approx(0.0495, abs=5e-4)
+    assert stats.paired(even, np.zeros_like(even), 0.02).p_beyond == stats.beyond_correct(even, 0.02)
+    spread = _splits((75, 80, 85, 72, 88), (15, 12, 9, 16, 8))  # the split's log-odds spread across seeds
+    assert stats.beyond_correct(spread, 0.02) > stats.beyond_mean(spread, 0.02)
+    for d in (even, spread):
+        got = [stats.beyond_correct(d, m) for m in (0.0, 0.01, 0.02, 0.03, 0.05)]
+        assert got == sorted(got) and got[-1] == 1.0  # monotone in the margin; nothing beyond the discordance (~0.05)
+        assert stats.beyond_correct(d, 0.02) == got[2]  # fixed draws: the same records, the same number
+        assert stats.beyond_correct(-d, 0.02) == pytest.approx(got[2], abs=1e-12)  # either side
+    # a difference smaller than the margin, all of it one way: nothing beyond
+    assert stats.beyond_correct(_splits((20,) * 5, (0,) * 5), 0.02) == 1.0
+
+
+def test_other_paired_records_keep_the_means_pivot():
+    """Scores other than correctness (the gold label's log-likelihood) keep the generalized pivot's minimum-effect p."""
+    rng = np.random.default_rng(3)
+    a = rng.normal(0, 1, (5, 400))
+    b = a - 0.3 + rng.normal(0, 0.5, (5, 400)) + rng.normal(0, 0.05, (5, 1))
+    c = stats.paired(a, b, margin=0.2)
+    assert c.p_beyond == stats.beyond_mean(a - b, 0.2) == stats.generalized(a - b, 0.2)[4]
+
+
+@pytest.mark.parametrize("d, margin, message", [
+    (np.ones((1, 10)), 0.02, "d of shape (1, 10); allowed: a (seeds >= 2, examples >= 1) matrix"),
+    (np.ones(10), 0.02, "d of shape (10,); allowed"),
+    (np.full((3, 10), 0.5), 0.02, "d has entries other than -1, 0 and +1; allowed: correctness differences"),
+    (np.ones((3, 10)), -0.01, "margin=-0.01; allowed: a finite number >= 0"),
+    (np.ones((3, 10)), float("nan"), "margin=nan; allowed: a finite number >= 0"),
+])
+def test_the_correctness_minimum_effect_test_refuses_bad_input(d, margin, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        stats.beyond_correct(d, margin)

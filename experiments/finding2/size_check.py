@@ -21,7 +21,10 @@ Clopper-Pearson intervals over its simulated studies, and the minimum-effect p-v
 Holm's five thresholds (0.05/k): the nominal levels at which it would hold them. With --calibrate P..., the
 calibrated p-value of each observed minimum-effect p: the largest, over the rows near the margin (every row but the
 stress rows), of (k + 1) / (n + 1), k of n simulated studies at the margin having a p at or below it, and Holm's
-adjustment of them.
+adjustment of them. The sampler and the fit live in `qft.tools.studysim`, shared with tests/test_size.py. The
+minimum-effect p here is the mean's pivot's (`generalized`), which the report used on every paired contrast until
+`stats.beyond_correct` (which also reads a pivot on each seed's split) replaced it on correctness records: this
+output is the old test's size, kept as run.
 
     python experiments/finding2/size_check.py > experiments/finding2/size_check.txt
     python experiments/finding2/size_check.py --reps 10 > experiments/finding2/size_check_reps10.txt  # the test's
@@ -30,113 +33,15 @@ from __future__ import annotations
 
 import argparse
 import collections
-import itertools
 
 import numpy as np
-from scipy import optimize, stats as st
-from scipy.special import expit
+from scipy import stats as st
 from statsmodels.stats.multitest import multipletests
 
 from qft import stats
-from qft.tools import power
+from qft.tools.studysim import LAWS, MARGIN, NEAR, SOURCES, calibrate, fit_discordance, pairs, study
 
-SOURCES = ("results/finding1/runs", "results/finding3/runs")
-SEEDS, DOCS, MARGIN = 5, 2160, 0.02
-NEAR = (0.01, 0.03)  # |mean difference| of the pairs that give the shape
-LAWS = ("normal", "two-point", "contaminated")
-# contaminated: (1 - WIDE) N(0, c^2) + WIDE N(0, (WIDE_SCALE c)^2), of variance WIDE_VAR c^2
-WIDE, WIDE_SCALE = 0.1, 4.0
-WIDE_VAR = 1 - WIDE + WIDE * WIDE_SCALE ** 2
 HOLM = (0.05, 0.025, 0.05 / 3, 0.0125, 0.01)  # Holm's thresholds over five claims
-
-
-def pairs() -> list[np.ndarray]:
-    """Every pair of 5-seed trained cells within a source: the (seed x document) matrix of correct(A) - correct(B),
-    read as the power planner reads records (`qft.tools.power`)."""
-    out = []
-    for source in SOURCES:
-        full = [v for v in power.by_config(power.runs([source]), "accuracy").values()
-                if sorted(v) == list(range(SEEDS))]
-        for a, b in itertools.combinations(full, 2):
-            assert all(np.array_equal(a[s][0], b[s][0]) for s in range(SEEDS))
-            out.append(np.stack([a[s][1] - b[s][1] for s in range(SEEDS)]))
-    return out
-
-
-def fit_discordance(ds: list[np.ndarray]) -> tuple[float, float, float, np.ndarray]:
-    """Zero-inflated beta-binomial of a document's discordant seeds out of 5, by maximum likelihood over the pairs."""
-    hist = sum(np.bincount((d != 0).sum(0), minlength=SEEDS + 1) for d in ds)
-    k = np.arange(SEEDS + 1)
-
-    def pmf(x):
-        w, a, b = expit(x[0]), np.exp(x[1]), np.exp(x[2])
-        return (1 - w) * st.betabinom.pmf(k, SEEDS, a, b) + w * (k == 0)
-
-    res = optimize.minimize(lambda x: -(hist * np.log(pmf(x))).sum(), [0.0, 0.0, 2.0], method="Nelder-Mead",
-                            options={"xatol": 1e-8, "fatol": 1e-10, "maxiter": 4000})
-    return expit(res.x[0]), np.exp(res.x[1]), np.exp(res.x[2]), np.vstack([hist, hist.sum() * pmf(res.x)])
-
-
-def seed_law(law: str, sd: float, size, rng) -> np.ndarray:
-    if law == "normal":
-        return rng.normal(0, sd, size)
-    if law == "two-point":
-        return sd * rng.choice([-1.0, 1.0], size)
-    wide = rng.random(size) < WIDE
-    return rng.normal(0, sd / np.sqrt(WIDE_VAR), size) * np.where(wide, WIDE_SCALE, 1.0)
-
-
-def grid(law: str, m: int) -> tuple[np.ndarray, np.ndarray]:
-    """Nodes and weights of a unit-variance law: its quantiles at m probability midpoints (exact enough for the
-    near-step integrands of a nearly fixed direction, where Gauss-Hermite is not)."""
-    if law == "two-point":
-        return np.array([-1.0, 1.0]), np.array([0.5, 0.5])
-    z = st.norm.ppf((np.arange(m) + 0.5) / m)
-    z /= z.std()
-    if law == "normal":
-        return z, np.full(m, 1 / m)
-    c = 1 / np.sqrt(WIDE_VAR)  # contaminated, at variance 1
-    return (np.concatenate([c * z, WIDE_SCALE * c * z]),
-            np.concatenate([np.full(m, (1 - WIDE) / m), np.full(m, WIDE / m)]))
-
-
-def calibrate(target: float, seed_comp: float, ex_comp: float | None, law: str, pi: tuple) -> tuple[float, ...]:
-    """theta, sd(a) and sd(b) whose true mean difference is `target` and whose crossed-model seed and example
-    components are `seed_comp` and `ex_comp` (None: sd(b) = 0, documents then differ only in how often they are
-    discordant), from the first two moments `pi` of the discordance chance (independent of the direction).
-    ValueError where no sd in (0, 30] reaches a target."""
-    xa, wa = grid(law, 200)
-    xb, wb = grid("normal", 2000)
-
-    def moments(theta, sd_a, sd_b):
-        sign = 2 * expit(theta + sd_a * xa[:, None] + sd_b * xb[None, :]) - 1  # seed nodes x document nodes
-        by_seed, by_doc = sign @ wb, wa @ sign
-        mean = wa @ by_seed
-        return pi[0] * mean, pi[0] ** 2 * (wa @ (by_seed - mean) ** 2), pi[1] * (wb @ by_doc ** 2) - (pi[0] * mean) ** 2
-
-    def theta_for(sd_a, sd_b):
-        return optimize.brentq(lambda t: moments(t, sd_a, sd_b)[0] - target, -40, 40, xtol=1e-10)
-
-    sd_a = sd_b = 0.0
-    for _ in range(6):  # each sd solved in turn, theta kept on target, until both components are
-        if seed_comp:
-            sd_a = optimize.brentq(lambda x: moments(theta_for(x, sd_b), x, sd_b)[1] - seed_comp, 1e-5, 30, xtol=1e-8)
-        if ex_comp is not None:
-            sd_b = optimize.brentq(lambda x: moments(theta_for(sd_a, x), sd_a, x)[2] - ex_comp, 1e-5, 30, xtol=1e-8)
-        theta = theta_for(sd_a, sd_b)
-        _, got_seed, got_ex = moments(theta, sd_a, sd_b)
-        if abs(got_seed - seed_comp) <= 1e-3 * max(seed_comp, 1e-9) and (
-                ex_comp is None or abs(got_ex - ex_comp) <= 1e-3 * ex_comp):
-            return theta, sd_a, sd_b
-    raise ValueError("no joint solution")
-
-
-def study(rng, shape, law, theta, sd_a, sd_b) -> np.ndarray:
-    w, a, b = shape
-    pi = np.where(rng.random(DOCS) < w, 0.0, rng.beta(a, b, DOCS))
-    disc = rng.random((SEEDS, DOCS)) < pi
-    side = rng.random((SEEDS, DOCS)) < expit(theta + seed_law(law, sd_a, (SEEDS, 1), rng) + rng.normal(0, sd_b, DOCS))
-    return np.where(disc, np.where(side, 1.0, -1.0), 0.0)
 
 
 def rate(hits: int, n: int) -> str:
