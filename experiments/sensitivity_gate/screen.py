@@ -56,7 +56,7 @@ def main(argv: list[str]) -> int:
             continue
         cells[(name, a["attn"]["r"], a["mlp"]["r"], rec["seed"])] = (rec, (ex["id"], ex["correct"]))
     print("| candidate | cut | seed | top acc | rank-1 acc | top - rank 1 [90%] | documents (discordant) | "
-          "rule | run kind | validation curve of the top cell (step: accuracy) |")
+          "rule | run kind | validation accuracy at steps 50, 100, ...: top cell / rank 1 |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for c in plan["candidates"]:
         for top in (8, 32):
@@ -71,7 +71,7 @@ def main(argv: list[str]) -> int:
                     continue
                 r = cut(hi[1], lo[1])
                 passed = r["diff"] >= rule["cut_at_least"] and r["lo"] > rule["lower_90_above"]
-                curve = ", ".join(f"{s}: {v:.3f}" for s, v in (hi[0].get("val_curve") or []))
+                curve = " / ".join(" ".join(f"{v:.3f}" for _, v in (cell[0].get("val_curve") or [])) for cell in (hi, lo))
                 print(f"| {c['name']} | {top} -> 1 | {seed} | {hi[0]['final_accuracy']['test']:.4f} | "
                       f"{lo[0]['final_accuracy']['test']:.4f} | {r['diff']:+.4f} [{r['lo']:+.4f}, {r['hi']:+.4f}] | "
                       f"{r['n']} ({r['discordant']:.3f}) | {'passes' if passed else 'fails'} | {kinds.pop()} | "
