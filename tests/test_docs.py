@@ -357,3 +357,38 @@ def test_finding2s_landed_records_are_copied_without_a_score(tmp_path):
     assert len(again.stdout.splitlines()) == 1
     gone = landed(tmp_path / "none")
     assert gone.returncode == 2 and gone.stdout == "" and gone.stderr.startswith("landed.py: error: WORKTREE=")
+
+
+def test_the_gates_screen_reproduces_its_committed_table():
+    """experiments/sensitivity_gate/screen.py, as its README shows it, prints the committed screen.md from the
+    committed records (regenerated whenever a pair lands)."""
+    import subprocess
+    import sys
+
+    here = ROOT / "experiments" / "sensitivity_gate"
+    got = subprocess.run([sys.executable, "experiments/sensitivity_gate/screen.py"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300)
+    assert got.returncode == 0, got.stderr[-2000:]
+    assert got.stdout == (here / "screen.md").read_text()
+    assert got.stdout.count("\n") >= 3 and "| r8_few | 8 -> 1 | 0 |" in got.stdout
+
+
+def test_the_gates_lanes_refuse_to_start_twice(tmp_path):
+    """Runs of the gate already going (here a stand-in process named as one) are not started again, and no pinned
+    checkout is made."""
+    import subprocess
+    import time
+
+    run = subprocess.Popen(["bash", "-c", 'exec -a "python -m qft +experiment=sensitivity_gate stand-in" sleep 60'])
+    try:
+        for _ in range(100):  # until the stand-in carries its name
+            if subprocess.run(["pgrep", "-f", "sensitivity_gate stand-in"], capture_output=True).returncode == 0:
+                break
+            time.sleep(0.05)
+        got = subprocess.run(["bash", "experiments/sensitivity_gate/run.sh", "--prepare"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=60,
+                             env={"PATH": "/usr/bin:/bin", "GATE_CHECKOUT": str(tmp_path / "wt")})
+    finally:
+        run.kill()
+    assert got.returncode == 2 and got.stdout == "" and not (tmp_path / "wt").exists()
+    assert got.stderr.splitlines() == [got.stderr.strip()] and "running already" in got.stderr
