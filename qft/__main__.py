@@ -25,6 +25,7 @@ STARTED: list = []  # set once Hydra hands over: an OSError before that is Hydra
 
 @hydra.main(config_path=CONF, config_name="config", version_base="1.3")
 def main(cfg) -> float | None:
+    from qft import model
     from qft.run import run
     from qft.train import freeze_survivors
 
@@ -36,6 +37,10 @@ def main(cfg) -> float | None:
         pin_gpu(hc.job.num, os.environ)
     rec = None
     try:
+        if not sweeping and hc.launcher.get("_target_", "").endswith(".DryRunLauncher"):
+            raise QftError("hydra/launcher", "dry_run", "prints a sweep's jobs without running them: add --multirun "
+                                                        "(-m); a single run trains, without hydra/launcher=dry_run")
+        model.check_name(cfg.model, hc.runtime.choices.get("model"))
         rec = run(cfg, run_dir, job_keys(hc))
     except QftError as e:
         print(f"qft: error: {e}", file=sys.stderr)
