@@ -10,6 +10,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
+from qft import launch
 from qft.config import CONF, job_keys, one_line
 from qft.errors import QftError
 
@@ -33,6 +34,7 @@ def main(cfg) -> float | None:
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
     sweeping = hc.mode == RunMode.MULTIRUN
+    launch.share(run_dir, sys.argv[1:])  # a torchrun launch's other ranks wait for this folder (qft/launch.py)
     if sweeping:
         pin_gpu(hc.job.num, os.environ)
     rec = None
@@ -109,8 +111,9 @@ def cli() -> None:
     from omegaconf.errors import OmegaConfBaseException
 
     try:
+        sys.argv += launch.follow(sys.argv[1:])  # a torchrun rank other than 0: rank 0's run folder
         main()
-    except (HydraException, OmegaConfBaseException) as e:
+    except (HydraException, OmegaConfBaseException, QftError) as e:
         print(f"qft: error: {one_line(e)}", file=sys.stderr)
         sys.exit(2)
     except OSError as e:
