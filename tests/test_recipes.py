@@ -99,6 +99,7 @@ def test_merge_writes_a_model_transformers_loads_with_the_adapted_logits(own_run
             base = adapted(input_ids=ids).logits
     assert (got - want).abs().max().item() < 1e-4
     assert (base - want).abs().max().item() > 1e-2
+    capsys.readouterr()
     assert merge.main([str(run_dir), str(tmp_path / "merged")]) == 2  # an existing folder is never overwritten
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"qft.tools.merge: error: OUT_DIR='{tmp_path / 'merged'}': a new or empty folder"]
