@@ -248,7 +248,8 @@ def test_cheap_documented_command_really_runs(line, where, own_files, tmp_path, 
 def test_the_cheap_lines_cover_the_recipes():
     """What a newcomer runs first is among the lines the test above really runs."""
     lines = [line for line, _ in CHEAP]
-    for what in ("qft.tools.memory", "device=cuda", "torchrun", "qft.tools.simulate"):
+    for what in ("qft.tools.memory", "device=cuda", "torchrun", "qft.tools.simulate", "budget.split=depth",
+                 "qft.tools.merge", "qft.tools.report", "qft.tools.power"):
         assert any(what in line for line in lines), what
 
 
