@@ -10,6 +10,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
+from qft import launch
 from qft.config import CONF, job_keys, one_line
 from qft.errors import QftError
 
@@ -25,6 +26,7 @@ STARTED: list = []  # set once Hydra hands over: an OSError before that is Hydra
 
 @hydra.main(config_path=CONF, config_name="config", version_base="1.3")
 def main(cfg) -> float | None:
+    from qft import model
     from qft.run import run
     from qft.train import freeze_survivors
 
@@ -32,10 +34,15 @@ def main(cfg) -> float | None:
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
     sweeping = hc.mode == RunMode.MULTIRUN
+    launch.share(run_dir, sys.argv[1:])  # a torchrun launch's other ranks wait for this folder (qft/launch.py)
     if sweeping:
         pin_gpu(hc.job.num, os.environ)
     rec = None
     try:
+        if not sweeping and hc.launcher.get("_target_", "").endswith(".DryRunLauncher"):
+            raise QftError("hydra/launcher", "dry_run", "prints a sweep's jobs without running them: add --multirun "
+                                                        "(-m); a single run trains, without hydra/launcher=dry_run")
+        model.check_name(cfg.model, hc.runtime.choices.get("model"))
         rec = run(cfg, run_dir, job_keys(hc))
     except QftError as e:
         print(f"qft: error: {e}", file=sys.stderr)
@@ -98,8 +105,9 @@ def cli() -> None:
     from omegaconf.errors import OmegaConfBaseException
 
     try:
+        sys.argv += launch.follow(sys.argv[1:])  # a torchrun rank other than 0: rank 0's run folder
         main()
-    except (HydraException, OmegaConfBaseException) as e:
+    except (HydraException, OmegaConfBaseException, QftError) as e:
         print(f"qft: error: {one_line(e)}", file=sys.stderr)
         sys.exit(2)
     except OSError as e:

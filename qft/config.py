@@ -23,6 +23,21 @@ OPEN = ("model.arch", "data.label_words", "adapter.projections", "adapter.depth_
 HEADER = re.compile(r"#\s*@package\s+(\S+)")
 
 
+def equal_shares(split: str) -> list[int]:
+    """budget.shares' default (conf/config.yaml): equal weights, one per group of budget.split, so that a depth split
+    needs no shares of its own; a run's record holds the list it resolved to."""
+    return [1, 1, 1] if split == "depth" else [1, 1]
+
+
+def _register() -> None:
+    from omegaconf import OmegaConf
+
+    OmegaConf.register_new_resolver("qft_equal_shares", equal_shares, replace=True)
+
+
+_register()  # before any compose: every CLI and test composes through this module's CONF
+
+
 def _package(text: str) -> str:
     """A config file's package, from the `# @package` line of its leading comments, as Hydra reads it."""
     for line in text.splitlines():
@@ -173,13 +188,20 @@ def device(cfg, planning: bool = False) -> str:
     return ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
 
 
-def compose(argv, prog: str):
-    """The config a CLI's Hydra overrides compose to, or None once Hydra's error is printed as one line."""
+def compose(argv, prog: str, doc: str = ""):
+    """The config a CLI's Hydra overrides compose to, or None once Hydra's error is printed as one line.
+
+    `-h`/`--help` prints the usage and `doc` and exits 0: Hydra's override parser would read it as a bad override."""
     import sys
 
     from hydra import compose as hydra_compose, initialize_config_dir
 
     overrides = list(sys.argv[1:] if argv is None else argv)
+    if {"-h", "--help"} & set(overrides):
+        print(f"usage: python -m {prog} [KEY=VALUE ...]\n\n{doc.strip()}\n\nKEY=VALUE: Hydra overrides of the config "
+              "tree conf/, as python -m qft takes them (python -m qft --help lists its groups, python -m qft --cfg job "
+              "every key and its default).")
+        sys.exit(0)
     with initialize_config_dir(CONF, version_base="1.3"):
         try:
             cfg = hydra_compose("config", overrides=overrides)

@@ -165,8 +165,8 @@ def check(cfg, files: bool = True) -> None:
         raise QftError("data.path", cfg.path, "an existing .csv, .tsv, .json or .jsonl file")
     if cfg.task == "instruction" and cfg.source != "local":
         raise QftError("data.task", cfg.task, "instruction data comes from a local file (data.source=local)")
-    for key in ("train_size", "val_size", "test_size"):
-        integer(f"data.{key}", cfg[key], 1)
+    for key in ("train_size", "val_size", "test_size"):  # unset on an own file: derived from its rows (sizes)
+        integer(f"data.{key}", cfg[key], 1, null=cfg.source == "local")
     integer("data.max_length", cfg.max_length, 8)
     one_of("data.stratify", cfg.get("stratify", "balanced"), STRATIFY)
     one_of("data.test_stream", cfg.get("test_stream", "shared"), TEST_STREAMS)
@@ -193,6 +193,15 @@ def _unique(items):
             seen.add(it[0])
             out.append(it)
     return out
+
+
+def sizes(cfg, rows: int) -> dict[str, int]:
+    """The split sizes: as set, and where an own file's data.*_size is unset (conf/data/local.yaml), derived from its
+    `rows`: a fifth to test, a tenth to validation (one at least), the rest to training, so a small file works as is."""
+    test = cfg.test_size if cfg.test_size is not None else max(1, round(rows * 0.2))
+    val = cfg.val_size if cfg.val_size is not None else max(1, round(rows * 0.1))
+    return {"train": cfg.train_size if cfg.train_size is not None else max(0, rows - test - val), "val": val,
+            "test": test}
 
 
 def split(raw: dict, cfg, stratified: bool = True) -> dict[str, list[tuple]]:
@@ -243,12 +252,13 @@ def split(raw: dict, cfg, stratified: bool = True) -> dict[str, list[tuple]]:
                     order.append(q.pop())
         return order[:n], order[n:]
 
+    n = sizes(cfg, len(pool))
     if test_pool is None:
-        test, pool = draw(pool, cfg.test_size)
+        test, pool = draw(pool, n["test"])
     else:  # `own`: its own stream, so the test size moves neither the training nor the validation split
-        test, _ = draw(test_pool, cfg.test_size, random.Random(f"test-{cfg.split_seed}") if own else rng)
-    val, pool = draw(pool, cfg.val_size)
-    train, _ = draw(pool, cfg.train_size)
+        test, _ = draw(test_pool, n["test"], random.Random(f"test-{cfg.split_seed}") if own else rng)
+    val, pool = draw(pool, n["val"])
+    train, _ = draw(pool, n["train"])
     rng.shuffle(train)
     return {"train": train, "val": val, "test": test}
 
@@ -428,12 +438,17 @@ def prepare(cfg, tokenizer, cache_dir: str | Path) -> Task:
         parts = split(framed, cfg, stratified=classification)
         for name in SPLITS:
             if not parts[name]:
-                raise QftError(f"data.{name}_size", cfg[f"{name}_size"],
-                               f"the {name} split is empty: the dataset has too few examples")
+                rows = sum(len(v) for v in raw.values())
+                raise QftError(f"data.{name}_size", cfg[f"{name}_size"], f"the {name} split is empty: "
+                               f"{Path(str(cfg.path)).name if cfg.source == 'local' else cfg.source} has {rows} rows for "
+                               f"train, val and test sizes {list(sizes(cfg, rows).values())}; ask for fewer")
         cached = {name: Split([list(p) for p, *_ in items], [list(a) for _, _, a, _ in items],
                               [lab for _, lab, _, _ in items], [] if classification else [r for *_, r in items])
                   for name, items in parts.items()}
         _save_cache(path, cached)
+    if any(cfg[f"{name}_size"] is None for name in SPLITS):
+        print(f"qft: data: {Path(str(cfg.path)).name} has {sum(len(v) for v in raw.values())} rows; split sizes derived "
+              f"from them: " + ", ".join(f"{name} {len(cached[name].prompts)}" for name in SPLITS), file=sys.stderr)
     return Task(cfg.task, label_words, label_tokens, cached, key)
 
 

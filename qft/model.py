@@ -166,6 +166,23 @@ def check(cfg, files: bool = True, key: str = "model") -> None:
         check(cfg.tokenizer, files, f"{key}.tokenizer")
 
 
+def check_name(cfg, preset: str | None) -> None:
+    """A packaged preset's model keeps the preset's name: `model.name=tiny_llama` on the default preset would train
+    SmolLM2 under tiny_llama's name, and records are grouped by it. A model of one's own (model=local, or model.path
+    set) is named freely. `preset`: the model preset Hydra chose (its runtime choices); None: unknown, not checked."""
+    if preset is None or cfg.get("source") == "local" or cfg.get("path"):
+        return
+    import yaml
+
+    from qft.config import CONF
+
+    f = Path(CONF) / "model" / f"{preset}.yaml"
+    own = (yaml.safe_load(f.read_text()) or {}).get("name") if f.is_file() else None
+    if own is not None and cfg.get("name") != own:
+        raise QftError("model.name", cfg.get("name"), f"model={preset} is the packaged model {own} and keeps its "
+                       "name; a model of your own (model=local model.path=FOLDER) takes any name")
+
+
 def resolve(cfg, cache_dir: str | Path) -> Source:
     """Locate weights, tokenizer and architecture config without reading any weight."""
     from transformers import CONFIG_MAPPING, AutoConfig

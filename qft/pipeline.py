@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from qft import offload
+from qft.launch import world
 from qft.planning import measure
 from qft.errors import QftError
 from qft.model import autocast
@@ -32,10 +33,6 @@ from qft.planning.stages import Plan
 
 
 # --------------------------------------------------------------------------- processes
-
-def world() -> tuple[int, int]:
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-
 
 def init(cfg, device: torch.device) -> torch.device:
     """Join the process group torchrun set up; one device per stage."""

@@ -133,7 +133,7 @@ def sweep_folders() -> set[str]:
 
 
 @pytest.mark.parametrize("where,line", COMMANDS, ids=[f"{w}:{i}" for i, (w, _) in enumerate(COMMANDS)])
-def test_documented_command_runs_as_written(where, line, monkeypatch, tmp_path):
+def test_documented_command_runs_as_written(where, line, monkeypatch, tmp_path, request):
     env, words = environment(shlex.split(line))
     if words[0] == "make":
         targets = re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), re.M)
@@ -144,8 +144,13 @@ def test_documented_command_runs_as_written(where, line, monkeypatch, tmp_path):
         words = ["python", *words]
     assert words[:2] == ["python", "-m"], line
     module, args = words[2], words[3:]
+    if "--help" in args or "-h" in args:
+        assert module in MAINS or module == "qft", line  # and test_cheap_documented_command_really_runs runs it
+        return
     monkeypatch.chdir(ROOT)
     if module == "qft":
+        if any(a.split("=", 1)[-1] in RUN_HERE for a in args):  # an own CSV or model folder, in the user's folder
+            monkeypatch.chdir(request.getfixturevalue("recipe_files"))
         check_qft_run(args, env, monkeypatch)
     elif module in ("qft.tools.memory", "qft.budget"):
         assert not any(a.startswith("--") for a in args), f"{line}: {module} takes Hydra overrides only"
@@ -161,11 +166,126 @@ def test_documented_command_runs_as_written(where, line, monkeypatch, tmp_path):
         assert all(Path(p).exists() or p in sweep_folders() for p in ns.records), line
     elif module == "qft.tools.simulate":
         simulate.parser().parse_args(args)
-    elif module in ("qft.tools.predict", "qft.tools.merge"):  # RUN_DIR and a file or folder, named as placeholders
-        pytest.importorskip(module)
-        assert len(args) == 2 and args[0] == "RUN_DIR", line
+    elif module in ("qft.tools.predict", "qft.tools.merge"):  # RUN_DIR and TEXTS / OUT_DIR (run by the test below)
+        assert len([a for a in args if not a.startswith("-")]) >= 2 or "--help" in args, line
     else:
         pytest.fail(f"{where}: {line}: no check for {module}")
+
+
+# the tools' entry points, run in this process: each takes its argv and returns the exit status
+MAINS = {"qft.budget": "qft.budget.cli", "qft.tools.memory": "qft.tools.memory", "qft.tools.report": "qft.tools.report.cli",
+         "qft.tools.power": "qft.tools.power", "qft.tools.simulate": "qft.tools.simulate.cli",
+         "qft.tools.predict": "qft.tools.predict", "qft.tools.merge": "qft.tools.merge"}
+RUN_HERE = "reviews.csv", "my_model"  # what a recipe may name in its folder: an own 120-row CSV and own model folder
+
+
+def cheap(line: str) -> bool:
+    """Whether a documented line runs here in seconds: a tool on committed records or on a plan (no weights), --help,
+    or a fine-tune of tiny_llama or of an own tiny model folder. A fine-tune of a real model composes only (above), and
+    so do power's simulations and reports on records not committed."""
+    _, words = environment(shlex.split(line))
+    if words[0] == "make":
+        return False
+    module, args = (words[words.index("-m") + 1], words[words.index("-m") + 2:]) if "-m" in words else ("", [])
+    if "--help" in args or "-h" in args:
+        return True
+    if module == "qft":
+        multirun = "-m" in args or "--multirun" in args
+        return not multirun and ("model=tiny_llama" in args or "model=local" in args and any(
+            a.startswith("model.path=") and a.split("=", 1)[1] in RUN_HERE for a in args))
+    if module == "qft.tools.power":
+        return not any(a.startswith("--simulate") for a in args)
+    if module == "qft.tools.report":
+        return all((ROOT / p).exists() for p in report.parser().parse_args(args).paths)
+    return module in MAINS
+
+
+# test_recipes reruns the pipeline_offload study's lines against its committed outputs
+CHEAP = sorted({line: where for where, line in COMMANDS if cheap(line)
+                and where != "experiments/pipeline_offload/README.md"}.items(), key=lambda x: (x[1], x[0]))
+
+
+@pytest.fixture(scope="module")
+def recipe_files(tmp_path_factory):
+    """The files a newcomer's recipes name (RUN_HERE): an own 120-row CSV (columns review and stars) and an own tiny
+    model folder made with save_pretrained."""
+    from test_recipes import own_model, reviews
+
+    tmp = tmp_path_factory.mktemp("recipes")
+    reviews(tmp / "reviews.csv")
+    own_model(tmp / "my_model")
+    return tmp
+
+
+@pytest.fixture(scope="module")
+def own_files(recipe_files):
+    """recipe_files, and a run of python -m qft on them (its folder stands for a recipe's RUN_DIR)."""
+    from test_recipes import OWN
+    from conftest import make_cfg
+
+    from qft import run
+
+    tmp = recipe_files
+    cfg = make_cfg("model=local", f"model.path={tmp / 'my_model'}", f"data.path={tmp / 'reviews.csv'}", *OWN,
+                   tiny=False)
+    assert run.run(cfg, tmp / "run")["status"] == "ok"
+    return tmp
+
+
+@pytest.mark.parametrize("line,where", CHEAP, ids=[f"{w}:{i}" for i, (_, w) in enumerate(CHEAP)])
+def test_cheap_documented_command_really_runs(line, where, own_files, tmp_path, monkeypatch, capsys):
+    """Each cheap line runs as written, with its output folders moved to a temporary one (a committed file is never
+    rewritten; test_recipes checks that the pipeline_offload study's outputs are what is committed), and ends ok."""
+    import importlib
+    import os
+    import subprocess
+    import sys
+
+    env, words = environment(shlex.split(line))
+    work = tmp_path / "work"
+    work.mkdir()
+    for name in RUN_HERE:
+        (work / name).symlink_to(own_files / name)
+    module, args = words[words.index("-m") + 1], words[words.index("-m") + 2:]
+    if module in ("qft.tools.predict", "qft.tools.merge"):  # RUN_DIR: the own run; TEXTS: the own CSV
+        args = [str(own_files / "run") if i == 0 else (str(own_files / "reviews.csv") if module.endswith("predict")
+                                                       else str(tmp_path / "merged")) if i == 1 else a
+                for i, a in enumerate(args)]
+    elif "--out" in args:
+        args[args.index("--out") + 1] = str(tmp_path / "out")
+    elif module == "qft.tools.report":
+        args += ["--out", str(tmp_path / "out")]
+    if module in MAINS:
+        monkeypatch.chdir(ROOT if module in ("qft.tools.report", "qft.tools.power", "qft.tools.simulate") else work)
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        main = importlib.import_module(MAINS[module]).main
+        try:
+            status = main(args)
+        except SystemExit as e:  # --help
+            status = e.code
+        assert status == 0, (line, capsys.readouterr().err[-2000:])
+        return
+    assert module == "qft", line
+    help_only = "--help" in args or "-h" in args
+    command = [sys.executable, "-m", "qft", *args, *([] if help_only else [
+        f"hydra.run.dir={tmp_path / 'run'}", *([] if any(a.startswith("train.steps=") for a in args) else ["train.steps=2"])])]
+    if words[0] == "torchrun":
+        command = [str(Path(sys.executable).with_name("torchrun")), *words[1:words.index("-m")], *command[1:]]
+    got = subprocess.run(command, cwd=work, capture_output=True, text=True, timeout=900,
+                         env={**os.environ, **env, "QFT_PROGRESS": "0",
+                              "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
+    assert got.returncode == 0, (line, got.stderr[-3000:])
+    if not help_only:
+        assert "qft: ok:" in got.stdout and (tmp_path / "run" / "result.json").is_file(), (line, got.stdout[-2000:])
+
+
+def test_the_cheap_lines_cover_the_recipes():
+    """What a newcomer runs first is among the lines the test above really runs."""
+    lines = [line for line, _ in CHEAP]
+    for what in ("qft.tools.memory", "device=cuda", "torchrun", "qft.tools.simulate", "budget.split=depth",
+                 "qft.tools.merge", "qft.tools.report", "qft.tools.power"):
+        assert any(what in line for line in lines), what
 
 
 def test_bad_documented_overrides_would_fail():

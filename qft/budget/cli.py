@@ -13,7 +13,7 @@ from qft.errors import QftError, fail
 def main(argv=None) -> int:
     from qft import config, model
 
-    cfg = config.compose(argv, "qft.budget")
+    cfg = config.compose(argv, "qft.budget", __doc__)
     if cfg is None:
         return 2
     method = cfg.budget.get("method", "shares")

@@ -207,12 +207,13 @@ def table(est: Estimate) -> str:
 def main(argv=None) -> int:
     from qft import config
 
-    cfg = config.compose(argv, "qft.tools.memory")
+    cfg = config.compose(argv, "qft.tools.memory", __doc__)
     if cfg is None:
         return 2
     try:
-        from qft import model
+        from qft import model, offload
 
+        offload.check(cfg.offload)  # a bad budget is the user's, not the "no split fits" the planner raises below
         source = model.resolve(cfg.model, cfg.cache_dir)
         budget_gb = cfg.offload.device_budget_gb
         try:

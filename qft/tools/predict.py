@@ -24,19 +24,26 @@ from qft.errors import QftError, fail
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # offline, as `python -m qft` (qft/__main__.py says why)
 
 
+def read_run(run_dir: Path, classification: bool = True):
+    """An ok run's record and its config, the cache this machine's (not the run's); bad input is a QftError."""
+    rec = record.read(run_dir)
+    if rec is None:
+        raise QftError("RUN_DIR", str(run_dir), f"no readable {record.RECORD} there: a run directory of python -m qft")
+    if rec.get("status") != "ok" or (classification and (rec.get("data") or {}).get("task") != "classification"):
+        raise QftError("RUN_DIR", str(run_dir), f"needs an ok {'classification ' if classification else ''}run (its "
+                                                f"record says {rec.get('status')}, task "
+                                                f"{(rec.get('data') or {}).get('task')})")
+    cfg = OmegaConf.create(rec["config"])
+    cfg.cache_dir = os.environ.get("QFT_CACHE", "~/.cache/qft")
+    return rec, cfg
+
+
 def load(run_dir: Path):
     """The run's model (quantized base + its trained adapter), tokenizer, config and label words, for scoring."""
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
 
-    rec = record.read(run_dir)
-    if rec is None:
-        raise QftError("RUN_DIR", str(run_dir), f"no readable {record.RECORD} there: a run directory of python -m qft")
-    if rec.get("status") != "ok" or (rec.get("data") or {}).get("task") != "classification":
-        raise QftError("RUN_DIR", str(run_dir), "needs an ok classification run (its record says "
-                                                f"{rec.get('status')}, task {(rec.get('data') or {}).get('task')})")
-    cfg = OmegaConf.create(rec["config"])
-    cfg.cache_dir = os.environ.get("QFT_CACHE", "~/.cache/qft")  # this machine's cache, not the run's
+    rec, cfg = read_run(run_dir)
     device = torch.device(config.device(cfg))
     source = model.resolve(cfg.model, cfg.cache_dir)
     built = run.build(cfg, source, device)
@@ -84,12 +91,18 @@ def main(argv=None) -> int:
         texts = [str(t) for t in table[column]]
         if not texts:
             raise QftError("TEXTS", args.texts, "holds no rows")
+        gold = None
+        if args.label_column:  # a label the run never saw would be scored as wrong, silently
+            mapping = dict(((rec.get("config") or {}).get("data", {}).get("label_words") or {}))
+            gold = [str(mapping.get(str(g), g)) for g in table[args.label_column]]
+            known = (rec.get("data") or {}).get("labels") or []
+            unknown = sorted({g for g in gold if g not in known})
+            if known and unknown:
+                raise QftError("--label-column", args.label_column, f"{sum(g in unknown for g in gold)} of {len(gold)} "
+                               f"gold labels are not among the run's labels ({', '.join(known)}): "
+                               f"{', '.join(unknown[:5])}{', ...' if len(unknown) > 5 else ''}")
         preds, scores, words = predict(run_dir, texts)
         out = Path(args.out or Path(args.texts).with_suffix(".predictions.csv"))
-        gold = None
-        if args.label_column:
-            mapping = dict((rec["config"]["data"].get("label_words") or {}))
-            gold = [str(mapping.get(str(g), g)) for g in table[args.label_column]]
         with open(out, "w", newline="", encoding="utf-8") as f:
             w = csv.writer(f)
             w.writerow(["text", "prediction", *(["gold"] if gold else []), *[f"loglik_{x}" for x in words]])
@@ -97,7 +110,8 @@ def main(argv=None) -> int:
                 w.writerow([text, preds[i], *([gold[i]] if gold else []), *[f"{v:.6f}" for v in scores[i].tolist()]])
     except QftError as e:
         return fail("qft.tools.predict", e)
-    line = f"qft.tools.predict: {len(texts)} texts scored with {run_dir}'s adapter -> {out}"
+    line = f"qft.tools.predict: {len(texts)} texts scored with {run_dir}'s " \
+           f"{'adapter' if rec.get('adapter_dir') else 'base model (the run trained no adapter)'} -> {out}"
     if gold:
         line += f"; accuracy {sum(p == g for p, g in zip(preds, gold)) / len(gold):.4f}"
     print(line)
