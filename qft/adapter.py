@@ -36,7 +36,8 @@ def check(cfg, depth: int | None = None) -> None:
 
 
 def plan(cfg, layers: list[L.Layer]) -> dict[str, dict]:
-    """Rank and alpha of every projection; rank 0 means the projection gets no adapter."""
+    """Rank and alpha of every projection (`layers.resolve`'s order: overlapping depth groups, later wins); rank 0
+    means the projection gets no adapter."""
     return L.resolve(cfg, layers, FIELDS)
 
 

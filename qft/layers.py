@@ -174,7 +174,12 @@ def check_spec(spec, group: str, fields: dict, depth: int | None = None, other_k
 
 
 def resolve(spec, layers: list[Layer], fields) -> dict[str, dict]:
-    """Per-module settings: layer type, then projection, then depth groups in order (later wins)."""
+    """Per-module settings of the `fields` a spec sets: {module name: {field: value}}.
+
+    Resolution order, each step overriding the one before: the layer type's settings, then the projection's, then
+    every depth group that covers the module, in the order the groups are written (the config's order): where
+    groups overlap, the later one wins. tests/test_adapter.py and tests/test_quant.py hold the rule.
+    """
     out = {}
     groups = list((spec.get("depth_groups") or {}).values())
     for layer in layers:

@@ -3,8 +3,9 @@
     torchrun --nproc-per-node 2 -m qft offload=pipeline offload.stages=2 [offload.schedule=gpipe]
 
 Each process builds the same quantized, adapter-wrapped model (so every LoRA weight starts exactly as in a
-single-process run), keeps only its stage's layers, and runs torch.distributed.pipelining's GPipe or 1F1B
-schedule over the step's micro-batches (gloo on CPU, NCCL on GPUs). Gradients are clipped by the global
+single-process run), keeps only its stage's layers, and trains them with qft.train's one loop, supplying only the
+forward-backward: torch.distributed.pipelining's GPipe or 1F1B schedule over each micro-batch's pipeline
+micro-batches (gloo on CPU, NCCL on GPUs). Each stage checkpoints its own part (checkpoint/stage-N). Gradients are clipped by the global
 norm across stages and every stage steps its own AdamW, so with dropout off the loss curve and the adapter
 match the single-process run to numerical tolerance. With dropout on, each stage draws its layers' masks from its
 own process's random stream, so the stage layout changes the masks (a tiny model's loss moves by 1e-3 from the
@@ -18,6 +19,7 @@ The stage boundaries come from `qft.planning.stages.plan`, balanced on per-stage
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from pathlib import Path
 
@@ -25,6 +27,7 @@ import torch
 from torch import nn
 
 from qft import offload
+from qft import train as loop
 from qft.launch import world
 from qft.planning import measure
 from qft.errors import QftError
@@ -115,91 +118,92 @@ def _global_clip(params, max_norm: float, group=None) -> float:
     return total
 
 
-def train(net, task, cfg, the_plan: Plan, dtype, pad_id: int, seed: int, device: torch.device):
-    """The pipelined counterpart of qft.train.train: same batches, loss, clipping, AdamW and schedule."""
-    import time
-
+def train(net, task, cfg, the_plan: Plan, dtype, pad_id: int, job, device: torch.device):
+    """This rank's stage trained by qft.train.train's loop (same batches, loss, clipping, AdamW, schedule and
+    checkpoints, one folder per stage), with the pipeline's forward-backward. `job` is the run's qft.train.Job; the
+    stages cannot score the model mid-run (its weights are spread over them), so `job.evaluate` is not called, and
+    only rank 0 tracks metrics. Returns the history, the stage, and every stage's measured memory."""
     import torch.distributed as dist
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-    from tqdm.auto import tqdm
-
-    from qft.data import batch
-    from qft.train import History, make_optimizer, finish_step, lr_factor, micro_batch_indices
 
     rank, p = world()
-    tcfg, ocfg = cfg.train, cfg.offload
+    ocfg = cfg.offload
     stage = stage_of(net, the_plan, rank, dtype, device, rank in the_plan.offloaded, ocfg.route)
-    if tcfg.gradient_checkpointing:
-        net.get_base_model().gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    stage.train()
-    params = [q for q in stage.parameters() if q.requires_grad]
-    opt = make_optimizer(tcfg, params)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(tcfg, s))
-    schedule_cls = Schedule1F1B if ocfg.schedule == "1f1b" else ScheduleGPipe
-    split = task.splits["train"]
-    n = len(split.prompts)
-    history = History()
-    measured = {}
-    hidden = stage.config.hidden_size
-    bar = tqdm(total=tcfg.steps, desc=f"train stage {rank}", dynamic_ncols=True,
-               disable=os.environ.get("QFT_PROGRESS", "1") == "0" or rank != p - 1)
-    while history.step < tcfg.steps:
-        t0 = time.perf_counter()
-        micro = [micro_batch_indices(n, tcfg.batch_size, history.step * tcfg.grad_accum + a, seed)
-                 for a in range(tcfg.grad_accum)]
-        n_answer = sum(len(split.answers[i]) for idx in micro for i in idx)
-        def forward_backward():
-            total, tokens = torch.zeros(1, dtype=torch.float64), 0
-            for idx in micro:
-                prompts, answers = [split.prompts[i] for i in idx], [split.answers[i] for i in idx]
-                ids, mask, _ = batch([a + b for a, b in zip(prompts, answers)], pad_id)
-                k = max(map(len, answers))
-                lengths = torch.tensor([len(a) for a in answers])
-                target = ids[:, -k:].clone()
-                target[torch.arange(k)[None, :] < (k - lengths)[:, None]] = -100
-                stage.keep = k + 1
-                mb = ids.shape[0] // ocfg.micro_batches
-                width = ids.shape[1]
+    measured, first = {}, []
 
-                def loss_fn(logits, tgt):
-                    return nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), tgt.reshape(-1),
-                                                       ignore_index=-100, reduction="sum") / n_answer
-
-                # shapes change with every batch's longest sequence, so each step describes its own stage I/O
-                h_meta = torch.empty(mb, width, hidden, device="meta", requires_grad=True)
-                example = torch.empty(mb, width, dtype=torch.long, device="meta") if rank == 0 else h_meta
-                out_example = h_meta if rank < p - 1 else \
-                    torch.empty(mb, k, stage.head.out_features, dtype=dtype, device="meta", requires_grad=True)
-                pipe = PipelineStage(stage, rank, p, device, input_args=(example,), output_args=(out_example,))
-                schedule = schedule_cls(pipe, n_microbatches=ocfg.micro_batches, loss_fn=loss_fn)
-                kwargs = {"attention_mask": mask.to(device)}
-                losses = []
-                if rank == 0:
-                    schedule.step(ids.to(device), **kwargs)
-                elif rank == p - 1:
-                    schedule.step(target=target.to(device), losses=losses, return_outputs=False, **kwargs)
-                else:
-                    schedule.step(**kwargs)
-                if rank == p - 1:
-                    total += sum(float(x) for x in losses) * n_answer
-                tokens += int(mask.sum())
-            return total, tokens
-
-        if history.step == 1 or tcfg.steps == 1:  # measured once, when the optimizer states exist
+    def around(done: int, run, opt):
+        if not first:  # stages resumed from their own checkpoints must be at one step
+            everyone = [None] * p
+            dist.all_gather_object(everyone, done)
+            first.append(done)
+            if len(set(everyone)) > 1:
+                raise QftError("train.resume", cfg.train.resume, f"the stages' checkpoints are at steps {everyone}; "
+                                                                 "use a fresh run directory")
+        if done == 1 or cfg.train.steps == 1:  # measured once, when the optimizer states exist
             out = {}
-            peak = measure.measure_peak(lambda: out.update(r=forward_backward()), device)
+            peak = measure.measure_peak(lambda: out.update(r=run()), device)
             total, tokens = out["r"]
-            measured = {"resident": measure.tensor_bytes(stage, opt), "step_peak": peak}
+            measured.update(resident=measure.tensor_bytes(stage, opt), step_peak=peak)
         else:
-            total, tokens = forward_backward()
+            total, tokens = run()
+        total = torch.tensor([total], dtype=torch.float64)
         dist.broadcast(total, src=p - 1)  # every stage learns the loss (and stops together on NaN)
-        finish_step(history, params, opt, sched, total.item() / n_answer, tokens, t0, tcfg.max_grad_norm, bar,
-                    clip=_global_clip)
-    bar.close()
-    history.completed = True
+        return total.item(), tokens
+
+    step = loop.Step(stage, net.get_base_model(), forward_backward(stage, task, ocfg, dtype, pad_id, device),
+                     around=around, clip=_global_clip, checkpoint=f"checkpoint/stage-{rank}",
+                     label=f"train stage {rank}", progress=rank == p - 1)
+    job = dataclasses.replace(job, evaluate=None, track=job.track if rank == 0 else None)
+    history = loop.train(task, cfg.train, job, step)
     everyone = [None] * p
     dist.all_gather_object(everyone, {**measured, "layers": the_plan.layers[rank], "device": str(device)})
     return history, stage, everyone
+
+
+def forward_backward(stage: Stage, task, ocfg, dtype, pad_id: int, device: torch.device):
+    """One micro-batch of training examples through the pipeline schedule (itself cut into `ocfg.micro_batches`):
+    qft.train.Step's forward_backward; only the last stage knows the loss (the others return 0)."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    from qft.data import batch
+
+    rank, p = world()
+    schedule_cls = Schedule1F1B if ocfg.schedule == "1f1b" else ScheduleGPipe
+    split = task.splits["train"]
+    hidden = stage.config.hidden_size
+
+    def run(idx, n_answer):
+        prompts, answers = [split.prompts[i] for i in idx], [split.answers[i] for i in idx]
+        ids, mask, _ = batch([a + b for a, b in zip(prompts, answers)], pad_id)
+        k = max(map(len, answers))
+        lengths = torch.tensor([len(a) for a in answers])
+        target = ids[:, -k:].clone()
+        target[torch.arange(k)[None, :] < (k - lengths)[:, None]] = -100
+        stage.keep = k + 1
+        mb = ids.shape[0] // ocfg.micro_batches
+        width = ids.shape[1]
+
+        def loss_fn(logits, tgt):
+            return nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), tgt.reshape(-1),
+                                               ignore_index=-100, reduction="sum") / n_answer
+
+        # shapes change with every batch's longest sequence, so each micro-batch describes its own stage I/O
+        h_meta = torch.empty(mb, width, hidden, device="meta", requires_grad=True)
+        example = torch.empty(mb, width, dtype=torch.long, device="meta") if rank == 0 else h_meta
+        out_example = h_meta if rank < p - 1 else \
+            torch.empty(mb, k, stage.head.out_features, dtype=dtype, device="meta", requires_grad=True)
+        pipe = PipelineStage(stage, rank, p, device, input_args=(example,), output_args=(out_example,))
+        schedule = schedule_cls(pipe, n_microbatches=ocfg.micro_batches, loss_fn=loss_fn)
+        kwargs = {"attention_mask": mask.to(device)}
+        losses = []
+        if rank == 0:
+            schedule.step(ids.to(device), **kwargs)
+        elif rank == p - 1:
+            schedule.step(target=target.to(device), losses=losses, return_outputs=False, **kwargs)
+        else:
+            schedule.step(**kwargs)
+        return sum(float(x) for x in losses) * n_answer if rank == p - 1 else 0.0, int(mask.sum())
+
+    return run
 
 
 def gather(net, stage: Stage, run_dir: Path) -> None:

@@ -204,16 +204,16 @@ def _train_and_score(cfg, run_dir: Path, config_hash: str, task, tokenizer, buil
     lead = pipeline.world()[0] == 0  # in a pipeline, rank 0 holds the whole model and scores it
     zero_shot = accuracies("zero_shot") if lead and (cfg.train.zero_shot or not adapted) else None
     measured = None  # per-stage memory of a pipeline run
+    job = train.Job(run_dir, config_hash, cfg.seed, evaluate=acc, track=tracker.metrics, execution=execution)
     if stage_plan:
-        history, stage, measured = pipeline.train(net, task, cfg, stage_plan, dtype, tokenizer.pad_token_id, cfg.seed,
+        history, stage, measured = pipeline.train(net, task, cfg, stage_plan, dtype, tokenizer.pad_token_id, job,
                                                   device)
         pipeline.gather(net, stage, run_dir)
         if not lead:
             return {"status": "ok", "loss_curve": history.loss}
     elif adapted:
-        history = train.train(net, task, cfg.train, run_dir, dtype, tokenizer.pad_token_id, cfg.seed, config_hash,
-                              evaluate=acc, track=tracker.metrics, offload_cfg=cfg.offload,
-                              execution=execution)
+        history = train.train(task, cfg.train, job, train.answer_step(net, task, dtype, tokenizer.pad_token_id,
+                                                                      cfg.offload))
     else:  # no adapter anywhere: the untrained base is the result
         history = train.History(completed=True)
     base = net.get_base_model() if adapted else net

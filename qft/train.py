@@ -15,6 +15,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -238,58 +239,117 @@ def finish_step(history: History, params, opt, sched, mean: float, tokens: int, 
     bar.set_postfix(loss=f"{mean:.4f}", tok_s=f"{history.train_tokens / history.train_seconds:.0f}")
 
 
-def train(model, task: Task, cfg, run_dir: Path, dtype: torch.dtype, pad_id: int, seed: int,
-          config_hash: str, evaluate=None, track=None, offload_cfg=None, execution=None) -> History:
-    """Fine-tune the trainable (adapter) parameters; `evaluate(split)` (accuracy, or (accuracy, mean gold-label
-    log-likelihood)) is called every `eval_every` steps
-    and `track(metrics, step)` after every step."""
-    params = [p for p in model.parameters() if p.requires_grad]
+@dataclass
+class Job:
+    """What a training run is recorded as and reports along the way, besides its model, data and train config."""
+
+    run_dir: Path  # the checkpoint lives under it
+    config_hash: str  # a checkpoint resumes only into the config that wrote it
+    seed: int  # with the step number, picks every micro-batch (micro_batch_indices)
+    evaluate: Callable | None = None  # evaluate("val") -> accuracy or (accuracy, mean gold-label log-likelihood)
+    track: Callable | None = None  # track(metrics, step) after every step
+    execution: dict | None = None  # what ran this invocation: appended to History.executions
+
+
+@dataclass
+class Step:
+    """How a step's gradients are made: the one part a pipeline replaces.
+
+    `forward_backward(indices, n_answer)` runs one micro-batch of training examples forward and backward, its loss
+    summed over answer tokens and divided by `n_answer` (the step's answer tokens) before backward, and returns
+    (that summed loss as a float, the tokens it read). `around(step, run, opt)` runs a whole step's micro-batches,
+    `run() -> (loss, tokens)`, `step` being the steps done before it and `opt` the optimizer (a pipeline measures
+    memory and broadcasts the loss there).
+    `module` holds the trainable parameters the optimizer steps and a checkpoint stores; `base` is the transformers
+    model whose layers run (gradient checkpointing is switched on there); `clip(params, bound)` clips their
+    gradients and returns the norm.
+    """
+
+    module: torch.nn.Module
+    base: torch.nn.Module
+    forward_backward: Callable[[list[int], int], tuple[float, int]]
+    around: Callable = lambda step, run, opt: run()
+    clip: Callable = torch.nn.utils.clip_grad_norm_
+    checkpoint: str = "checkpoint"  # the folder under the run directory
+    label: str = "train"  # the progress bar's
+    progress: bool = True  # whether this process shows the progress bar
+
+
+def answer_step(model, task: Task, dtype: torch.dtype, pad_id: int, offload_cfg=None) -> Step:
+    """One process's step: answer_loss over each micro-batch of the train split, with activation offload if set."""
+    split = task.splits["train"]
+
+    def forward_backward(idx, n_answer):
+        with offload.hooks(offload_cfg, device_of(model)):
+            loss, _, seq_tokens = answer_loss(model, [split.prompts[i] for i in idx], [split.answers[i] for i in idx],
+                                              pad_id, dtype)
+        (loss / n_answer).backward()
+        return loss.item(), seq_tokens
+
+    return Step(model, model, forward_backward)
+
+
+def train(task: Task, cfg, job: Job, step: Step) -> History:
+    """Fine-tune `step.module`'s trainable (adapter) parameters for `cfg.steps` steps (the train config group),
+    resuming from the checkpoint under `job.run_dir` if `cfg.resume` says so; one loop for one process and for
+    each pipeline stage, which differ only in `step`.
+
+    Each step takes `cfg.grad_accum` micro-batches of `cfg.batch_size` examples, normalises the loss by the step's
+    answer tokens, clips, steps AdamW and the schedule (finish_step); then `job.evaluate("val")` every
+    `cfg.eval_every` steps (not at the last: the run scores the final model itself), `job.track(metrics, step)`,
+    and a checkpoint every `cfg.checkpoint_every` steps or when `cfg.stop_after_steps` ends this invocation.
+    Returns the history; `completed` says whether all `cfg.steps` ran.
+    """
+    params = [p for p in step.module.parameters() if p.requires_grad]
     opt = make_optimizer(cfg, params)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(cfg, s))
     if cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    ckpt = run_dir / "checkpoint"
-    resumed = load_checkpoint(ckpt, model, opt, sched, config_hash, strict=cfg.resume is True) if cfg.resume else None
+        step.base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    ckpt = job.run_dir / step.checkpoint
+    resumed = load_checkpoint(ckpt, step.module, opt, sched, job.config_hash, strict=cfg.resume is True) \
+        if cfg.resume else None
     history = resumed or History()
-    if execution is not None and history.step < cfg.steps:
-        history.executions.append(execution)
+    if job.execution is not None and history.step < cfg.steps:
+        history.executions.append(job.execution)
     split = task.splits["train"]
     n = len(split.prompts)
-    model.train()
-    bar = tqdm(total=cfg.steps, initial=history.step, desc="train", dynamic_ncols=True,
-               disable=os.environ.get("QFT_PROGRESS", "1") == "0")
+    step.module.train()
+    bar = tqdm(total=cfg.steps, initial=history.step, desc=step.label, dynamic_ncols=True,
+               disable=os.environ.get("QFT_PROGRESS", "1") == "0" or not step.progress)
     started_at = history.step
     while history.step < cfg.steps:
         t0 = time.perf_counter()
-        micro = [micro_batch_indices(n, cfg.batch_size, history.step * cfg.grad_accum + a, seed)
+        micro = [micro_batch_indices(n, cfg.batch_size, history.step * cfg.grad_accum + a, job.seed)
                  for a in range(cfg.grad_accum)]
         n_answer = sum(len(split.answers[i]) for idx in micro for i in idx)
-        total, tokens = 0.0, 0
-        for idx in micro:
-            with offload.hooks(offload_cfg, device_of(model)):
-                loss, _, seq_tokens = answer_loss(model, [split.prompts[i] for i in idx],
-                                                  [split.answers[i] for i in idx], pad_id, dtype)
-            (loss / n_answer).backward()
-            total += loss.item()
-            tokens += seq_tokens
+
+        def accumulate():
+            total, tokens = 0.0, 0
+            for idx in micro:
+                loss, seq_tokens = step.forward_backward(idx, n_answer)
+                total += loss
+                tokens += seq_tokens
+            return total, tokens
+
+        total, tokens = step.around(history.step, accumulate, opt)
         lr = sched.get_last_lr()[0]  # the rate this step used
-        finish_step(history, params, opt, sched, total / n_answer, tokens, t0, cfg.max_grad_norm, bar)
+        finish_step(history, params, opt, sched, total / n_answer, tokens, t0, cfg.max_grad_norm, bar, step.clip)
         mean, tokens_per_s = history.loss[-1][1], history.train_tokens / history.train_seconds
         last = history.step == cfg.steps
         metrics = {"train/loss": mean, "train/lr": lr, "train/tokens_per_s": tokens_per_s}
-        if evaluate and cfg.eval_every and history.step % cfg.eval_every == 0 and not last:
-            scored = evaluate("val")
+        if job.evaluate and cfg.eval_every and history.step % cfg.eval_every == 0 and not last:
+            scored = job.evaluate("val")
             acc, loglik = scored if isinstance(scored, tuple) else (scored, None)
             history.val_accuracy.append([history.step, acc])
             metrics["val/accuracy"] = acc
             if loglik is not None:
                 history.val_loglik.append([history.step, loglik])
                 metrics["val/gold_loglik"] = loglik
-        if track:
-            track(metrics, history.step)
+        if job.track:
+            job.track(metrics, history.step)
         stop = cfg.stop_after_steps and history.step - started_at >= cfg.stop_after_steps and not last
         if stop or (cfg.checkpoint_every and history.step % cfg.checkpoint_every == 0 and not last):
-            save_checkpoint(ckpt, model, opt, sched, history, config_hash)
+            save_checkpoint(ckpt, step.module, opt, sched, history, job.config_hash)
         if stop:
             break
     bar.close()

@@ -1,5 +1,6 @@
 import math
 
+import pytest
 
 from qft import adapter
 from conftest import build
@@ -106,3 +107,24 @@ def test_saved_adapter_config_is_stock_peft(tmp_path):
     for name in targets:
         assert (resolve(conf.rank_pattern, conf.r, name), resolve(conf.alpha_pattern, conf.lora_alpha, name)) \
             == expected(name), name
+
+
+# two depth groups that overlap on layers 2-3's MLP: README's rule is the order written, later wins
+OVERLAP = {"wide": "{layers:[1,3],r:2,alpha:4,types:[mlp]}", "narrow": "{layers:[2,3],r:6,alpha:12,types:[mlp]}"}
+
+
+@pytest.mark.parametrize("order", [("wide", "narrow"), ("narrow", "wide")])
+def test_overlapping_depth_groups_later_wins_for_rank_and_alpha(order):
+    from qft import layers, model
+    from conftest import make_cfg
+
+    cfg = make_cfg("adapter.mlp.r=4", "adapter.mlp.alpha=8", *(f"+adapter.depth_groups.{g}={OVERLAP[g]}" for g in order))
+    assert list(cfg.adapter.depth_groups) == list(order)
+    found = layers.classify(model.load(model.resolve(cfg.model, cfg.cache_dir)), "llama")
+    got = adapter.plan(cfg.adapter, found)
+    last = {"wide": (2, 4), "narrow": (6, 12)}[order[-1]]
+    for layer in found:
+        if layer.layer_type != "mlp":
+            continue
+        want = (4, 8) if layer.depth == 0 else (2, 4) if layer.depth == 1 else last
+        assert (got[layer.name]["r"], got[layer.name]["alpha"]) == want, layer.name

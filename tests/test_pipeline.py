@@ -65,6 +65,27 @@ def test_pipeline_matches_the_single_process_run(single, tmp_path, stages, sched
     assert rec["final_accuracy"]["test"] == pytest.approx(ref["final_accuracy"]["test"], abs=1 / 15)
 
 
+def test_a_stopped_pipeline_resumes_from_its_stages_checkpoints(single, tmp_path):
+    """The one training loop checkpoints each stage (checkpoint/stage-N); resumed, the run ends where one process does."""
+    ref, ref_adapter = single
+    pipe = ["offload=pipeline", "offload.stages=2", "offload.micro_batches=4", "offload.split=uniform"]
+    env = {**os.environ, "QFT_PROGRESS": "0", "OMP_NUM_THREADS": "1"}
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "qft", *RUN,
+              *pipe, f"hydra.run.dir={tmp_path}"]
+    res = subprocess.run([*launch, "train.stop_after_steps=2"], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert json.loads((tmp_path / "result.json").read_text())["status"] == "incomplete"
+    assert [json.loads((tmp_path / "checkpoint" / f"stage-{s}" / "meta.json").read_text())["step"] for s in (0, 1)] \
+        == [2, 2]
+    rec, got = qft(tmp_path.parent, tmp_path.name, *pipe, "train.resume=true", stages=2)
+    assert rec["status"] == "ok" and [s for s, _ in rec["loss_curve"]] == [1, 2, 3]
+    assert [l for _, l in rec["loss_curve"]] == pytest.approx([l for _, l in ref["loss_curve"]], rel=1e-4)
+    flat = lambda d: torch.cat([d[k].flatten() for k in sorted(d)])  # noqa: E731
+    assert (flat(got) - flat(ref_adapter)).norm() / flat(ref_adapter).norm() < 3e-3
+    assert not (tmp_path / "checkpoint").exists()  # the finished run supersedes it
+
+
 def test_balance_follows_peak_memory_not_layer_count():
     # 8 layers, one deliberately heavy (a wide MLP); 1F1B with 4 micro-batches over 2 stages: stage 0 holds
     # 2 micro-batches of activations in flight, stage 1 holds 1

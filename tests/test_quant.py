@@ -137,3 +137,20 @@ def test_int8_on_cpu_trains_on_the_dequantized_weight_and_scores_with_llm_int8(c
     assert torch.equal(scored[0], scored[2])
     assert [r.getMessage() for r in caplog.records if "cast" in r.getMessage()] == \
         ["MatMul8bitLt: inputs will be cast from torch.float32 to float16 during quantization"]
+
+
+@pytest.mark.parametrize("order", [("all", "deep"), ("deep", "all")])
+def test_overlapping_depth_groups_later_wins_for_bits(order):
+    """README's rule: depth groups apply in the order written, so where two overlap the later one's bits hold."""
+    from qft import layers, model
+    from conftest import make_cfg
+
+    groups = {"all": "{layers:[0,3],bits:8}", "deep": "{layers:[2,3],bits:16,types:[attn]}"}
+    cfg = make_cfg("quant.attn.bits=4", "quant.mlp.bits=4", *(f"+quant.depth_groups.{g}={groups[g]}" for g in order))
+    assert list(cfg.quant.depth_groups) == list(order)
+    found = layers.classify(model.load(model.resolve(cfg.model, cfg.cache_dir)), "llama")
+    got = quant.plan(cfg.quant, found)
+    for layer in found:
+        overlap = layer.layer_type == "attn" and layer.depth >= 2
+        want = (16 if order[-1] == "deep" else 8) if overlap else 8
+        assert got[layer.name]["bits"] == want, layer.name

@@ -46,7 +46,8 @@ def check(cfg, depth: int | None = None) -> None:
 
 
 def plan(cfg, layers: list[L.Layer]) -> dict[str, dict]:
-    """The full quantization settings of every projection."""
+    """The full quantization settings of every projection (`layers.resolve`'s order: overlapping depth groups,
+    later wins)."""
     return {name: {**DEFAULTS, **s} for name, s in L.resolve(cfg, layers, FIELDS).items()}
 
 
