@@ -449,7 +449,19 @@ def prepare(cfg, tokenizer, cache_dir: str | Path) -> Task:
     if any(cfg[f"{name}_size"] is None for name in SPLITS):
         print(f"qft: data: {Path(str(cfg.path)).name} has {sum(len(v) for v in raw.values())} rows; split sizes derived "
               f"from them: " + ", ".join(f"{name} {len(cached[name].prompts)}" for name in SPLITS), file=sys.stderr)
+    _note_short(cfg, cached, len(label_words) if classification else 0)
     return Task(cfg.task, label_words, label_tokens, cached, key)
+
+
+def _note_short(cfg, splits: dict[str, Split], n_labels: int) -> None:
+    """A split smaller than asked (repeats dropped, a small pool), or training or validation without every label, is
+    said on stderr at every run: a study's design may rest on sizes the data cannot give (the record keeps them)."""
+    for name in SPLITS:
+        got, asked = splits[name].labels, cfg[f"{name}_size"]
+        missing = n_labels - len(set(got)) if name != "test" and n_labels else 0
+        if (asked is not None and len(got) < asked) or missing > 0:
+            print(f"qft: note: data.{name}_size={asked}: the {name} split holds {len(got)} examples"
+                  + (f", {n_labels - missing} of the {n_labels} labels" if missing > 0 else ""), file=sys.stderr)
 
 
 _READ: dict = {}  # a packaged source's name -> its examples and their digest: this process's last read, one source

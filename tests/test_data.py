@@ -254,3 +254,18 @@ def test_a_label_word_that_begins_another_is_refused(tokenizer):
     task, _ = prepare(tokenizer, "data.train_size=20", "data.val_size=5", "data.test_size=5",
                       "+data.label_words={business:news today,tech:today news}")  # sharing a token is fine
     assert "news today" in task.label_words
+
+
+def test_a_split_smaller_than_asked_or_without_every_label_is_noted(tokenizer, tmp_path, capsys):
+    """BBC News with 1,900 test articles leaves 2 training ones of the 100 asked, of 2 topics: said at every run,
+    cache hit included (the record keeps the sizes); sizes that fit say nothing."""
+    asked = ["data.train_size=100", "data.val_size=200", "data.test_size=1900"]
+    task, _ = prepare(tokenizer, *asked, cache=tmp_path)
+    err = capsys.readouterr().err
+    n = len(task.splits["train"].labels)
+    assert n < 100 and f"qft: note: data.train_size=100: the train split holds {n} examples, " in err
+    assert "data.val_size=200: the val split holds" in err and "data.test_size" not in err
+    prepare(tokenizer, *asked, cache=tmp_path)
+    assert capsys.readouterr().err == err
+    prepare(tokenizer, "data.train_size=100", "data.val_size=25", "data.test_size=50", cache=tmp_path)
+    assert "qft: note: data." not in capsys.readouterr().err

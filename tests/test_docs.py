@@ -176,7 +176,8 @@ def test_documented_command_runs_as_written(where, line, monkeypatch, tmp_path, 
 MAINS = {"qft.budget": "qft.budget.cli", "qft.tools.memory": "qft.tools.memory", "qft.tools.report": "qft.tools.report.cli",
          "qft.tools.power": "qft.tools.power", "qft.tools.simulate": "qft.tools.simulate.cli",
          "qft.tools.predict": "qft.tools.predict", "qft.tools.merge": "qft.tools.merge"}
-RUN_HERE = "reviews.csv", "my_model"  # what a recipe may name in its folder: an own 120-row CSV and own model folder
+# what a recipe may name in its folder: an own 120-row CSV (README's texts.csv, docs' reviews.csv) and own model folder
+RUN_HERE = "reviews.csv", "texts.csv", "my_model"
 
 
 def cheap(line: str) -> bool:
@@ -207,13 +208,25 @@ CHEAP = sorted({line: where for where, line in COMMANDS if cheap(line)
 
 @pytest.fixture(scope="module")
 def recipe_files(tmp_path_factory):
-    """The files a newcomer's recipes name (RUN_HERE): an own 120-row CSV (columns review and stars) and an own tiny
-    model folder made with save_pretrained."""
-    from test_recipes import own_model, reviews
+    """The files a newcomer's recipes name (RUN_HERE): README's own Python block, run as written in an empty folder
+    (an own tiny model folder made with save_pretrained and a 120-row texts.csv), and a 120-row reviews.csv
+    (columns review and stars)."""
+    import os
+    import re
+
+    from test_recipes import reviews
 
     tmp = tmp_path_factory.mktemp("recipes")
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    assert len(blocks) == 1 and "save_pretrained" in blocks[0] and "texts.csv" in blocks[0]
+    here = os.getcwd()
+    os.chdir(tmp)
+    try:
+        exec(compile(blocks[0], "README.md", "exec"), {})
+    finally:
+        os.chdir(here)
+    assert (tmp / "my_model" / "config.json").is_file() and len((tmp / "texts.csv").read_text().splitlines()) == 121
     reviews(tmp / "reviews.csv")
-    own_model(tmp / "my_model")
     return tmp
 
 
@@ -267,9 +280,11 @@ def test_cheap_documented_command_really_runs(line, where, own_files, tmp_path, 
         assert status == 0, (line, capsys.readouterr().err[-2000:])
         return
     assert module == "qft", line
-    help_only = "--help" in args or "-h" in args
-    command = [sys.executable, "-m", "qft", *args, *([] if help_only else [
-        f"hydra.run.dir={tmp_path / 'run'}", *([] if any(a.startswith("train.steps=") for a in args) else ["train.steps=2"])])]
+    help_only = any(a in ("--help", "-h", "--cfg", "-c") for a in args)  # prints, runs nothing
+    # the test's overrides first: Hydra reads its overrides before a flag such as --cfg job
+    command = [sys.executable, "-m", "qft", *([] if help_only else [
+        f"hydra.run.dir={tmp_path / 'run'}", *([] if any(a.startswith("train.steps=") for a in args) else ["train.steps=2"])]),
+        *args]
     if words[0] == "torchrun":
         command = [str(Path(sys.executable).with_name("torchrun")), *words[1:words.index("-m")], *command[1:]]
     got = subprocess.run(command, cwd=work, capture_output=True, text=True, timeout=900,

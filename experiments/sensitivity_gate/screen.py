@@ -47,18 +47,22 @@ def main(argv: list[str]) -> int:
     plan = yaml.safe_load((HERE / "plan.yaml").read_text())
     folder = argv[0] if argv else "results/sensitivity_gate/runs"
     rule = plan["rule"]
+    candidates = plan["candidates"] + plan.get("candidates_amended", [])
     cells: dict = {}
     for run_dir, rec in _records(folder):
-        name = candidate_of(rec, plan["candidates"])
+        name = candidate_of(rec, candidates)
         a = rec["config"]["adapter"]
         ex = (record.read_examples(run_dir, rec) or {}).get("final.test")
         if name is None or ex is None:
             continue
         cells[(name, a["attn"]["r"], a["mlp"]["r"], rec["seed"])] = (rec, (ex["id"], ex["correct"]))
-    print("| candidate | cut | seed | top acc | rank-1 acc | top - rank 1 [90%] | documents (discordant) | "
+    print("| candidate | cut | seed | top acc | rank-1 acc | top - rank 1 [90%] | test documents (discordant) | train / val | "
           "rule | run kind | validation accuracy at steps 50, 100, ...: top cell / rank 1 |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for c in plan["candidates"]:
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for c in candidates:
+        if c.get("void"):
+            print(f"| {c['name']} | void | | | | | | | | {c['void']} | |")
+            continue
         for top in (8, 32):
             for seed in sorted({k[3] for k in cells if k[0] == c["name"]}):
                 hi, lo = cells.get((c["name"], top, top, seed)), cells.get((c["name"], 1, 1, seed))
@@ -67,14 +71,15 @@ def main(argv: list[str]) -> int:
                 kinds = {frame.record_kind(hi[0]), frame.record_kind(lo[0])}
                 if len(kinds) > 1:
                     print(f"| {c['name']} | {top} -> 1 | {seed} | | | cells ran on different kinds: "
-                          f"{' / '.join(map(str, kinds))}; not a pair | | | | |")
+                          f"{' / '.join(map(str, kinds))}; not a pair | | | | | |")
                     continue
                 r = cut(hi[1], lo[1])
+                sizes = hi[0]["data"]["sizes"]
                 passed = r["diff"] >= rule["cut_at_least"] and r["lo"] > rule["lower_90_above"]
                 curve = " / ".join(" ".join(f"{v:.3f}" for _, v in (cell[0].get("val_curve") or [])) for cell in (hi, lo))
                 print(f"| {c['name']} | {top} -> 1 | {seed} | {hi[0]['final_accuracy']['test']:.4f} | "
                       f"{lo[0]['final_accuracy']['test']:.4f} | {r['diff']:+.4f} [{r['lo']:+.4f}, {r['hi']:+.4f}] | "
-                      f"{r['n']} ({r['discordant']:.3f}) | {'passes' if passed else 'fails'} | {kinds.pop()} | "
+                      f"{r['n']} ({r['discordant']:.3f}) | {sizes['train']} / {sizes['val']} | {'passes' if passed else 'fails'} | {kinds.pop()} | "
                       f"{curve} |")
     return 0
 
