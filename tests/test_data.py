@@ -254,3 +254,28 @@ def test_a_label_word_that_begins_another_is_refused(tokenizer):
     task, _ = prepare(tokenizer, "data.train_size=20", "data.val_size=5", "data.test_size=5",
                       "+data.label_words={business:news today,tech:today news}")  # sharing a token is fine
     assert "news today" in task.label_words
+
+
+def _plain_tokenizer(adds_bos: bool):
+    """A word-level tokenizer without a chat template whose `add_bos_token` is unset; it puts <bos> before a text
+    through its post-processor, as Gemma's converted from a GGUF does, or not at all."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<pad>", "<eos>", "<bos>", "<unk>", "Answer:", "a", "b"]
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    if adds_bos:
+        backend.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 2)])
+    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
+                                   unk_token="<unk>")
+
+
+@pytest.mark.parametrize("adds_bos", [True, False])
+def test_a_plain_frame_starts_with_bos_where_the_tokenizer_puts_one_first(adds_bos):
+    tok = _plain_tokenizer(adds_bos)
+    assert not tok.chat_template and not getattr(tok, "add_bos_token", False)
+    cfg = make_cfg("data.instruction=null")
+    _, _, prefix, suffix = data._frame_ends(cfg.data, tok, ["a", "b"])
+    assert prefix == ([2] if adds_bos else [])
+    assert suffix == [4]  # "\nAnswer: "
