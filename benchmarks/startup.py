@@ -1,7 +1,7 @@
 """Where a later run's start-up inside a sweep goes; with --against, the same for another checkout, alternating.
 
     python benchmarks/startup.py                               # this checkout: 3 processes of 4 later runs each
-    python benchmarks/startup.py --against /tmp/old --pairs 4  # alternating with a worktree of another commit
+    python benchmarks/startup.py --against ../old --pairs 4   # alternating with a worktree of another commit
 
 Each process runs one short fine-tune (imports paid, model converted, data and quantized base cached), then `--probes`
 later runs the way a sweep's basic launcher runs them: the collector frozen (`qft.train.freeze_survivors`), the config
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -113,7 +114,9 @@ def main() -> None:
     where = speed.machine()
     names = ["total", "compose", *PARTS, "other"]
     med = {k: {n: statistics.median(pr[n] for proc in v for pr in proc) for n in names} for k, v in runs.items()}
-    out = {"settings": {**where, "pairs": a.pairs, "probes": a.probes, "overrides": a.qft_overrides, "trees": trees,
+    # the record names each checkout relative to this one (its commit is under "code"), no path of this machine
+    named = {k: os.path.relpath(t, ROOT) for k, t in trees.items()}
+    out = {"settings": {**where, "pairs": a.pairs, "probes": a.probes, "overrides": a.qft_overrides, "trees": named,
                         "code": code},
            "median_seconds": med, "runs": runs}
     print(f"{where['cpu']} ({where['cpu_kind']}), {where['threads']} threads; median of {a.pairs} x {a.probes} probes, "

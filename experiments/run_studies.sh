@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The layer-sensitivity studies of issue 6, in the order they are being run, each resumable: a sweep skips
-# every grid point whose record is ok for the same config, so this picks up where the last session stopped.
+# The layer-sensitivity studies (rank, alpha, bits, depth, allocator), in the order they are run, each resumable: a sweep skips
+# every grid point whose record is ok for the same config, so this picks up where the last run stopped.
 # Commit results/*/runs as records land (git add results; git commit), then rebuild the reports:
 #   python -m qft.tools.report results/<experiment>/runs
 # About 2 minutes a run on a 2-core AMX CPU (bf16), 8 on an AVX2-only one (fp32). On 2 cores, two sweeps side by

@@ -45,7 +45,7 @@ def main(cfg) -> float | None:
         if not sweeping:
             raise
         print(f"qft: run {run_dir} failed: {type(e).__name__}: {e}", file=sys.stderr)
-    if sweeping and not jobs_are_threads(hc.launcher):  # after the except clauses, which release a crash's frames
+    if sweeping:  # after the except clauses, which release a crash's frames
         freeze_survivors()
     if rec is None:
         return None
@@ -57,12 +57,6 @@ def main(cfg) -> float | None:
         print(f"qft: {rec['status']}: test accuracy {(rec.get('final_accuracy') or {}).get('test')} "
               f"(zero-shot {(rec.get('zero_shot_accuracy') or {}).get('test')}), record {run_dir / 'result.json'}")
     return (rec.get("final_accuracy") or {}).get("val")
-
-
-def jobs_are_threads(launcher) -> bool:
-    """Whether a sweep's jobs run as threads of one process (joblib's threading backend): there one job's
-    `freeze_survivors` would freeze another job's live model, which could then never be collected."""
-    return launcher.get("backend") == "threading" or launcher.get("prefer") == "threads"
 
 
 def pin_gpu(job_num: int, env) -> str | None:

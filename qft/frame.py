@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from qft.record import RECORD, config_hash, flatten, read_examples
+from qft.record import RECORD, cell_key, config_hash, flatten, read_examples
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -32,6 +32,7 @@ def row(rec: dict, path: Path) -> dict:
     r = {"run_dir": str(path.parent), "status": rec.get("status"), "error": rec.get("error"),
          "config_hash": rec.get("config_hash"), "seed": rec.get("seed"),
          "config_key": config_hash(rec.get("config") or {}, ignore=("seed",), inputs_=rec.get("inputs") or {}),
+         "cell_key": cell_key(rec.get("config") or {}, rec.get("inputs") or {}),
          "experiment": (rec.get("config") or {}).get("experiment"),
          "params": params.get("total"), "params_attn": per_type.get("attn"), "params_mlp": per_type.get("mlp"),
          **{f"params_{t}": per_third.get(t) for t in THIRDS},
@@ -59,7 +60,7 @@ def row(rec: dict, path: Path) -> dict:
 
 def run_kind(execution: dict | None, versions: dict | None = None, history=(), eval_batch: int | None = None
              ) -> str | None:
-    """What one comparison must not mix (docs/studies.md), as one string: the GPU, or the CPU (name, family/model
+    """What the two records of one pair must share (docs/studies.md, "Run kinds"), as one string: the GPU, or the CPU (name, family/model
     numbers where recorded) and its kind, the thread count, the compute dtype, fused or unfused projections, a
     pipeline's layers per stage and micro-batches, the torch version, each where recorded, and the evaluation's batch
     size where given (any of them can move a result's last bits; the batch size moves bf16 label scores through the
@@ -68,8 +69,23 @@ def run_kind(execution: dict | None, versions: dict | None = None, history=(), e
     if not execution:
         return None
     kinds = sorted({_kind(e, versions) for e in [execution, *history]})
-    kind = kinds[0] if len(kinds) == 1 else f"mixed within one run: {' + '.join(kinds)}"
+    kind = kinds[0] if len(kinds) == 1 else f"{MIXED}: {' + '.join(kinds)}"
     return kind if eval_batch is None else f"{kind}, eval batch {eval_batch}"
+
+
+MIXED = "mixed within one run"  # a run resumed on another kind: it has no one kind to pair on
+
+
+def kind_name(kind) -> str:
+    """A run kind as tables print it: None (a record made before qft recorded execution) reads "not recorded"."""
+    return kind if isinstance(kind, str) else "not recorded"
+
+
+def one_kind(kind_a, kind_b) -> bool:
+    """Whether two records ran on one run kind, as the two cells of a pair must (docs/studies.md): the same kind, and
+    not a run resumed across kinds; two records made before qft recorded execution count as one kind."""
+    a, b = kind_name(kind_a), kind_name(kind_b)
+    return a == b and not a.startswith(MIXED)
 
 
 def record_kind(rec: dict) -> str | None:

@@ -108,7 +108,7 @@ class Group:
         self.slices = [(sum(sizes[:i]), sum(sizes[:i + 1])) for i in range(len(sizes))]
         self.dtype = self.backends[0].compute_dtype(self.bases[0]) if self.kind else None
         self.cast_back = self.kind is not None and self.backends[0].output_in_input_dtype
-        self._cache: tuple | None = None  # (input, {what: tensor}, members done): work shared for one input
+        self._cache: tuple | None = None  # (input, {what: tensor}, members done, its version): shared for one input
         self.compiled = False  # compile_sums: each member's output summed in one compiled pass (CPU)
         self.split_rows = False  # split_rows: a training step's frozen matmuls in two blocks of rows where that pays
         self.storage = None
@@ -127,9 +127,11 @@ class Group:
             self.storage = torch.cat([b.weight.data for b in self.bases])
             for b, (lo, hi) in zip(self.bases, self.slices):
                 b.weight = nn.Parameter(self.storage[lo:hi], requires_grad=False)
-        if any(b.bias is not None for b in self.bases):
+        biased = [b.bias for b in self.bases if b.bias is not None]
+        if biased:  # a member without one adds zeros, made where the others' are (a CUDA group's on its GPU)
             self.bias = torch.cat([b.bias.data.to(self.dtype) if b.bias is not None
-                                   else torch.zeros(b.out_features, dtype=self.dtype) for b in self.bases])
+                                   else torch.zeros(b.out_features, dtype=self.dtype, device=biased[0].device)
+                                   for b in self.bases])
         for i, m in enumerate(self.members):
             m.forward = self._caller(i, type(m).forward.__get__(m))
 
@@ -159,8 +161,8 @@ class Group:
 
     def shared(self, x: torch.Tensor, what: str, compute):
         """Work done once per input for the whole group (no autograd: each member's node does its own backward)."""
-        if self._cache is None or self._cache[0] is not x:
-            self._cache = (x, {}, set())
+        if self._cache is None or self._cache[0] is not x or self._cache[3] != x._version:  # changed in place: anew
+            self._cache = (x, {}, set(), x._version)
         done = self._cache[1]
         if what not in done:
             with torch.no_grad():

@@ -101,6 +101,24 @@ def config_hash(cfg, ignore: tuple = (), inputs_: dict | None = None) -> str:
     return hashlib.sha256(json.dumps(_numbers(conf), sort_keys=True).encode()).hexdigest()
 
 
+# Config keys that say which kind of machine ran a cell, not which cell it is: the compute dtype (bf16 where the CPU
+# has it, fp32 where it does not, under `auto`) and the device. They stay in the config hash (every record keeps its
+# stored hash), and a cell is matched across run kinds by `cell_key`, which leaves them and the seed out.
+KIND_ONLY = (("quant", "compute_dtype"), ("device",))
+
+
+def cell_key(config: dict, inputs_: dict | None = None) -> str:
+    """What a study's cell is, whatever kind ran it: the config hash of a record's config less its seed and the
+    KIND_ONLY keys, so a bf16 seed and an fp32 seed of one configuration are seeds of one cell (docs/records.md)."""
+    conf = copy.deepcopy(config)
+    conf.pop("seed", None)
+    for path in KIND_ONLY:
+        parent = _get(conf, path[:-1])
+        if isinstance(parent, dict):
+            parent.pop(path[-1], None)
+    return config_hash(conf, inputs_=inputs_ or {})
+
+
 def _numbers(x):
     """16.0 -> 16, so a value typed either way hashes alike."""
     if isinstance(x, float) and x.is_integer():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 import shutil
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -23,13 +24,30 @@ from qft.planning import stages
 from qft.errors import QftError
 
 
+_ONE_RUN = threading.Lock()  # a run seeds and draws from torch's global generator and sets its thread count
+
+
 def run(cfg, run_dir: Path, keys=None) -> dict:
     """Run one fine-tune and write its record; a failure is recorded with its reason, then re-raised.
 
     A run directory that already holds an ok record of the same config is left alone, so re-running a
     sweep redoes only what failed or never finished. `keys`: the keys of the presets Hydra chose
     (qft.config.chosen), so that a key appended to presets that lack it is refused.
+    One run at a time per process: torch's random generator and thread count are the process's, so two runs on
+    threads of one process (a notebook's, a user's thread pool) would each draw the other's numbers and both record
+    ok. A second is refused before it reads or records anything; run each in its own process (as Hydra's launchers do).
     """
+    if not _ONE_RUN.acquire(blocking=False):
+        raise QftError("run_dir", str(run_dir), "another run is in progress in this process (on another thread); "
+                       "torch's random generator is the process's, so runs go one at a time per process: start "
+                       "this one after it, or in its own process")
+    try:
+        return _run(cfg, run_dir, keys)
+    finally:
+        _ONE_RUN.release()
+
+
+def _run(cfg, run_dir: Path, keys) -> dict:
     started = time.time()
     _name_auto_dtype(cfg)
     previous = record.read(run_dir)
@@ -40,8 +58,7 @@ def run(cfg, run_dir: Path, keys=None) -> dict:
         device = torch.device(validate.validate(cfg, keys=keys))  # first: a refused config reads and hashes nothing
         rec["inputs"] = inputs = record.inputs(cfg)
         rec["config_hash"] = config_hash = record.config_hash(cfg, inputs_=inputs)
-        if previous and previous.get("status") == "ok" and previous.get("config_hash") == config_hash \
-                and not cfg.sweep.force:
+        if previous and previous.get("status") == "ok" and not cfg.sweep.force and _same_cell(previous, rec):
             print(f"qft: {run_dir} already holds an ok record of this config; skipped (sweep.force=true reruns it)")
             return previous
         record.reset_peak_memory(device)
@@ -89,6 +106,16 @@ def run(cfg, run_dir: Path, keys=None) -> dict:
     return rec
 
 
+def _same_cell(previous: dict, rec: dict) -> bool:
+    """Whether an ok record already holds this run: the same config hash, or the same seed of the same cell made on
+    another run kind (record.cell_key: a compute dtype that `auto` resolved otherwise there), so a study resumed on
+    another CPU kind keeps its finished records instead of overwriting them."""
+    if previous.get("config_hash") == rec["config_hash"]:
+        return True
+    return previous.get("seed") == rec["seed"] and "config" in previous and \
+        record.cell_key(previous["config"], previous.get("inputs")) == record.cell_key(rec["config"], rec["inputs"])
+
+
 def _name_auto_dtype(cfg) -> None:
     """Replace compute_dtype=auto by what it means on this machine, so the record and its hash say what ran."""
     if cfg.quant.compute_dtype == "auto":
@@ -134,11 +161,15 @@ def build(cfg, source: model.Source, device: torch.device, trains_on: torch.devi
         ran["compiled_masks"] = bool(adapter.compile_masks(net))
     if cfg.train.get("compiled_rope", False) and cpu:
         ran["compiled_rope"] = bool(model.compile_rope(net))
-    if cfg.train.get("fuse_projections", False):
+    # fusion on the CPU only: on CUDA, where cuBLAS promises no column its bits inside a wider matmul, it has not been
+    # shown to change no number (scripts/gpu_check.py compares it there); the record says whether it ran
+    ran["fuse_projections"] = bool(cfg.train.get("fuse_projections", False)) and cpu
+    if ran["fuse_projections"]:
         fuse.install(net, projections, source.model_type)
-        if cfg.train.get("compiled_sums", False) and cpu:
+        if cfg.train.get("compiled_sums", False):
             ran["compiled_sums"] = bool(fuse.compile_sums(net))
-        if cfg.train.get("split_rows", False) and cpu:
+        # the halves are for matmuls on several threads (`fuse._linear`): at one thread the switch never splits
+        if cfg.train.get("split_rows", False) and threads > 1:
             ran["split_rows"] = bool(fuse.split_rows(net))
     depth_groups = {g: tuple(v["layers"]) for g, v in (cfg.adapter.depth_groups or {}).items()} or None
     if torch.get_num_threads() != threads:

@@ -88,8 +88,9 @@ def freeze_survivors() -> int:
     every full collection walks them all: 0.2-0.45 s, which fell inside the start-up of half the later runs
     measured (benchmarks/README.md). Only what is alive after the collection is frozen: the imported stack above
     all, no finished run's model; but also the config Hydra holds for the job just done (about 2k objects, 0.25 MB),
-    which is then never collected. What the next run makes is collected as usual. Changes no number. Not for jobs
-    that run as threads of one process (one would freeze another's live model). Returns the frozen count.
+    which is then never collected. What the next run makes is collected as usual. Changes no number. No job runs as
+    a thread beside another: Hydra's joblib launcher runs them in processes (loky, whatever its backend says), and
+    qft.run.run refuses a second run in one process. Returns the frozen count.
     """
     gc.collect()
     gc.freeze()

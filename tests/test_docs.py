@@ -24,7 +24,8 @@ COMMAND = re.compile(r"(^|\s)(python -m qft|torchrun .*-m qft|make )")
 def documented() -> list[tuple[str, str]]:
     out = []
     for doc in DOCS:
-        for block in re.findall(r"```(?:bash|sh)?\n(.*?)```", doc.read_text(), re.S):
+        blocks = re.findall(r"^[ \t]*```(\w*)\n(.*?)^[ \t]*```", doc.read_text(), re.S | re.M)  # fences paired line by line
+        for block in [text for lang, text in blocks if lang in ("", "bash", "sh")]:
             for line in block.replace("\\\n", " ").splitlines():
                 line = re.split(r"\s#\s", line)[0].strip()
                 if COMMAND.search(line) and not line.startswith("#"):
@@ -94,13 +95,33 @@ def jobs(args: list[str]):
             yield point, hydra_cfg([*point, *more])
 
 
+# files a documented Python block makes (README's own model and data) before a command line uses them
+MADE = {name for doc in DOCS for block in re.findall(r"^```python\n(.*?)^```", doc.read_text(), re.S | re.M)
+        for name in re.findall(r"(?:save_pretrained|open)\(\"([^\"]+)\"", block)}
+
+
+def without_hydra_flags(args: list[str]) -> list[str]:
+    """The overrides of a line: Hydra's own flags (`--help`, `--cfg job`) print and compose the same config."""
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+        elif a in ("--cfg", "-c", "--package", "-p"):
+            skip = True
+        elif a not in ("--help", "-h", "--hydra-help", "--info", "-i"):
+            out.append(a)
+    return out
+
+
 def check_qft_run(args: list[str], env: dict, monkeypatch) -> None:
     for k, v in env.items():
         monkeypatch.setenv(k, v)
+    args = without_hydra_flags(args)
+    made = any(a.partition("=")[2] in MADE for a in args if a.startswith(("model.path=", "data.path=")))
     for point, job in jobs(args):
         dry = "hydra/launcher=dry_run" in point
         # a dry run plans jobs for a cluster: its data and benchmark files live there
-        validate.validate(job, planning=job.device == "cuda" or dry, files=not dry and not env)
+        validate.validate(job, planning=job.device == "cuda" or dry, files=not dry and not env and not made)
 
 
 def sweep_folders() -> set[str]:
@@ -140,6 +161,9 @@ def test_documented_command_runs_as_written(where, line, monkeypatch, tmp_path):
         assert all(Path(p).exists() or p in sweep_folders() for p in ns.records), line
     elif module == "qft.tools.simulate":
         simulate.parser().parse_args(args)
+    elif module in ("qft.tools.predict", "qft.tools.merge"):  # RUN_DIR and a file or folder, named as placeholders
+        pytest.importorskip(module)
+        assert len(args) == 2 and args[0] == "RUN_DIR", line
     else:
         pytest.fail(f"{where}: {line}: no check for {module}")
 
@@ -154,18 +178,34 @@ def test_bad_documented_overrides_would_fail():
         validate.validate(hydra_cfg(["data=local", "data.path=/no/such.csv"]))
 
 
-def test_gpu_check_runs_its_cpu_parts_and_names_what_it_skips():
+def test_gpu_check_runs_its_cpu_parts_and_names_what_it_skips(tmp_path):
+    """scripts/gpu_check.sh OUT runs the rows a CPU can, names each skipped row with its reason, and writes every row
+    to OUT/gpu_check.md and OUT/gpu_check.jsonl as the console shows it; without OUT it refuses in one line."""
+    import json
+    import os
     import subprocess
+    import sys
 
-    res = subprocess.run(["bash", "scripts/gpu_check.sh"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    env = {**os.environ, "PYTHON": sys.executable}
+    res = subprocess.run(["bash", "scripts/gpu_check.sh"], cwd=ROOT, capture_output=True, text=True, env=env)
+    assert res.returncode == 2 and res.stderr.startswith("usage: bash scripts/gpu_check.sh OUT")
+    res = subprocess.run(["bash", "scripts/gpu_check.sh", str(tmp_path / "out")], cwd=ROOT, capture_output=True,
+                         text=True, timeout=900, env=env)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
-    rows = {line.split(" | ")[0].strip("| "): line.split(" | ")[1] for line in res.stdout.splitlines()
-            if line.startswith("| ") and not line.startswith("| check")}
-    assert rows["NF4 forward/backward vs dequantized reference"] == "ok"
-    assert rows["offload=activations vs none (streams, pinned buffers, prefetch)"] == "ok"
-    assert rows["paged 8-bit AdamW"] == "skipped" and len(rows) == 10
+    lines = [line for line in res.stdout.splitlines() if line.startswith("| ") and not line.startswith("| check")]
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ")[1:3] for line in lines}
+    assert rows["NF4 forward/backward vs dequantized reference"][0] == "ok"
+    assert rows["offload=activations vs none (streams, pinned buffers, prefetch)"][0] == "ok"
+    assert rows["paged 8-bit AdamW"] == ["skipped", "no CUDA"] and len(rows) == 14
+    for name in ("python -m qft end to end (BBC, mixed bits and ranks)", "fusion on CUDA: loss and gradients "
+                 "bit-identical to unfused?", "its adapter in stock peft on a stock-quantized base: same test scores"):
+        assert rows[name] == ["skipped", "no CUDA"], name
+    assert all(detail for status, detail in rows.values() if status == "skipped")  # each with its reason
     # ok where this CPU has bf16 units, else skipped (emulated bf16 would take minutes); never FAIL
-    assert rows["quant.attention_dtype=fp32 vs compute"] == ("ok" if model.native_bf16("cpu") else "skipped")
+    assert rows["quant.attention_dtype=fp32 vs compute"][0] == ("ok" if model.native_bf16("cpu") else "skipped")
+    assert [line for line in (tmp_path / "out" / "gpu_check.md").read_text().splitlines() if line in lines] == lines
+    written = [json.loads(line) for line in (tmp_path / "out" / "gpu_check.jsonl").read_text().splitlines()]
+    assert [[r["result"], r["detail"]] for r in written] == list(rows.values())
 
 
 PLANS = sorted((ROOT / "experiments").glob("*/plan.yaml"))

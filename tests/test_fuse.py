@@ -279,3 +279,46 @@ def test_split_rows_is_an_execution_setting_recorded_outside_the_hash():
     on, off = make_cfg("train.split_rows=true"), make_cfg("train.split_rows=false")
     assert record.config_hash(on) == record.config_hash(off)
     assert record.execution(on)["split_rows"] is True and record.execution(off)["split_rows"] is False
+
+
+def test_split_rows_is_recorded_as_what_ran_one_thread_never_splits(two_threads):
+    """At one thread the halves never run (`fuse._linear`): the switch is not installed and the record says false."""
+    _, _, built = build("train.fuse_projections=true", "train.split_rows=true")
+    assert built.ran["split_rows"] is True and all(g.split_rows for g in built.model._qft_fused)
+    torch.set_num_threads(1)
+    _, _, built = build("train.fuse_projections=true", "train.split_rows=true")
+    assert built.ran["split_rows"] is False and not any(g.split_rows for g in built.model._qft_fused)
+    assert built.model._qft_fused  # fused all the same
+
+
+def test_mixed_bias_groups_make_their_zeros_on_the_members_device():
+    """A group whose members differ in having a bias fills the gaps with zeros on the biases' device, not the CPU's
+    (on CUDA a CPU zero vector in the concatenation would fail)."""
+    parent = torch.nn.Module()
+    parent.q_proj = torch.nn.Linear(8, 4, bias=True, device="meta")
+    parent.k_proj = torch.nn.Linear(8, 2, bias=False, device="meta")
+    group = fuse.Group(parent, ("q_proj", "k_proj"))
+    assert group.fusable()
+    group.install()
+    assert group.bias.device.type == "meta" and group.bias.shape == (6,)
+    cpu = torch.nn.Module()
+    cpu.q_proj, cpu.k_proj = torch.nn.Linear(8, 4, bias=True), torch.nn.Linear(8, 2, bias=False)
+    group = fuse.Group(cpu, ("q_proj", "k_proj"))
+    group.install()
+    assert torch.equal(group.bias, torch.cat([cpu.q_proj.bias.data, torch.zeros(2)]))
+
+
+def test_an_input_changed_in_place_is_not_served_from_the_groups_cache():
+    """The group computes its frozen matmul once per input for all members; an input changed in place between two
+    members' calls (same tensor, new `_version`) is computed anew, as the unfused members would."""
+    _, _, built = build("train.fuse_projections=true", "quant=none", "quant.compute_dtype=fp32", "adapter.dropout=0.0")
+    spread_lora_b(built.model)
+    group = next(g for g in built.model._qft_fused if len(g.members) == 3)
+    x = torch.randn(2, 5, group.bases[0].in_features)
+    with torch.no_grad():
+        group.members[0](x)  # q: the group's matmul over x, cached for k and v
+        x.mul_(2.0)
+        got = group.members[1](x)
+        fuse.remove(built.model)
+        want = group.members[1](x)  # k unfused, on the changed x
+    assert torch.equal(got, want)

@@ -55,7 +55,7 @@ def test_depth_thirds_cover_the_stack():
     assert layers.depth_thirds(4) == {"shallow": (0, 0), "middle": (1, 2), "deep": (3, 3)}
 
 
-# a 2-layer model of each architecture the README lists, from its transformers config
+# a 2-layer model of each architecture docs/usage.md lists, from its transformers config
 SMALL = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
              vocab_size=128, max_position_embeddings=64, head_dim=8, pad_token_id=0, bos_token_id=1, eos_token_id=2)
 
@@ -70,7 +70,7 @@ def small(model_type, **extra):
 
 
 def readme_architectures() -> list[str]:
-    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    text = (Path(__file__).resolve().parent.parent / "docs" / "usage.md").read_text()  # README links there
     line = re.search(r"Architectures in the registry \(`qft/layers.py`\): ([^.]*)\.", text).group(1)
     return [a.strip() for a in line.split(",")]
 

@@ -77,3 +77,23 @@ def test_fitted_budget_records_enter_by_content(tmp_path):
     assert h(*over) != before
     # the records are read only by the fitted method
     assert record.inputs(make_cfg("budget.params=20000", f"budget.records={tmp_path}")).get("budget_records") is None
+
+
+def test_records_from_a_gpu_are_their_own_run_kind(tmp_path):
+    """A GPU's records never pair with a CPU's, nor with another GPU's: the kind names the GPU in the CPU's place."""
+    from qft import frame
+
+    cpu = {"cpu": "AMD EPYC 9R45", "cpu_id": "26/2/1", "cpu_kind": "avx512_bf16", "threads": 2, "compute_dtype": "bf16",
+           "fuse_projections": True, "torch": "2.13.0+cpu", "cuda": None}
+    h100 = {**cpu, "cuda": "NVIDIA H100 80GB HBM3", "fuse_projections": False, "torch": "2.11.0+cu130"}
+    h200 = {**h100, "cuda": "NVIDIA H200"}
+    kinds = [frame.run_kind(e) for e in (cpu, h100, h200)]
+    assert kinds[1] == "NVIDIA H100 80GB HBM3, 2 threads, bf16, unfused, torch 2.11.0+cu130"
+    assert len(set(kinds)) == 3 and "EPYC" in kinds[0] and "EPYC" not in kinds[1]
+    for i, e in enumerate((cpu, h100)):
+        (tmp_path / str(i)).mkdir()
+        (tmp_path / str(i) / "result.json").write_text(json.dumps(
+            {"status": "ok", "config": {"train": {"eval_batch_size": 32}}, "seed": 0, "execution": e,
+             "final_accuracy": {"test": 0.5}}))
+    df = frame.collect([tmp_path])
+    assert sorted(df.run_kind) == sorted(f"{k}, eval batch 32" for k in kinds[:2])

@@ -364,11 +364,3 @@ def test_a_sweep_freezes_what_survives_a_run_and_collects_its_cycles_first(tmp_p
     assert seen[0][0] == 0 and all(frozen > 0 for frozen, _ in seen[1:])
     assert all(all(dead) for _, dead in seen)  # each earlier run's cycle was collected, none frozen
     assert len(dead_after) == 4 and all(dead_after)  # the last one's too, after the sweep
-
-
-def test_a_sweep_whose_jobs_are_threads_freezes_nothing(tmp_path, monkeypatch):
-    """joblib's threading backend runs jobs as threads of one process, side by side when n_jobs > 1: a freeze there
-    could catch another job's live model, so qft reads the launcher's config and does not freeze."""
-    seen, _ = sweep_in_process(tmp_path, monkeypatch, "hydra/launcher=parallel", "hydra.launcher.backend=threading",
-                               "hydra.launcher.n_jobs=1")
-    assert len(seen) == 4 and all(frozen == 0 for frozen, _ in seen)

@@ -146,38 +146,44 @@ def test_power_cli_on_records_without_per_example_scores():
         assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [f"qft.tools.power: error: {line}"]
 
 
-def test_power_refuses_to_pool_records_of_two_run_kinds(tmp_path):
-    """A study's pilot restarted on another CPU (finding 2's did): pointed at a folder holding both, the planner would
-    pool their variance components; it names the kinds and stops instead, and one kind's records still plan."""
+def test_power_pools_pairs_across_run_kinds_and_leaves_out_a_pair_across_two(tmp_path):
+    """A study's pilot restarted on another CPU (finding 2's was): the planner reads it as the report does, a pair (two
+    cells of one seed) on one run kind and pairs pooled across kinds; a pair whose two cells ran on different kinds is
+    left out and named, never pooled as one comparison."""
     import shutil
 
-    from qft import frame
     from qft.tools import power
 
-    src = sorted((ROOT / "results/rank_sweep_r8_format2/runs").glob("adapter.attn.r=8,adapter.mlp.r=8,*"))[:2]
-    for d in src:
-        shutil.copytree(d, tmp_path / "amx" / d.name)
-    moved = tmp_path / "amx" / src[0].name / "result.json"
-    rec = json.loads(moved.read_text())
-    rec["execution"] = {**rec["execution"], "cpu": "Intel(R) Xeon(R) Processor", "cpu_kind": "amx_bf16"}
-    moved.write_text(json.dumps(rec))
-    bad = subprocess.run([sys.executable, "-m", "qft.tools.power", str(tmp_path)], cwd=ROOT, capture_output=True,
-                         text=True, timeout=120)
-    recs = [json.loads((d / "result.json").read_text()) for d in (tmp_path / "amx").iterdir()]
-    kinds = sorted(frame.record_kind(r) for r in recs)
-    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
-        f"qft.tools.power: error: RECORDS='{tmp_path}': records of one run kind (what one comparison must not mix: CPU, "
-        f"threads, compute dtype, torch, eval batch); these hold 2: {' / '.join(kinds)}"], bad.stderr
-    assert len(power.runs([src[1].parent])) == 27  # the untouched folder, one kind: no error
-    rec["execution"] = json.loads((tmp_path / "amx" / src[1].name / "result.json").read_text())["execution"]
-    rec["config"]["train"]["eval_batch_size"] = 64  # the same machine, scored at another evaluation batch size
-    moved.write_text(json.dumps(rec))
-    with pytest.raises(QftError, match=r"these hold 2: .+, eval batch 32 / .+, eval batch 64$"):
-        power.runs([tmp_path / "amx"])
-    del rec["execution"]  # a record made before qft named the run kind: in the report's words
-    moved.write_text(json.dumps(rec))
-    with pytest.raises(QftError, match=r"these hold 2: .+ / not recorded$"):
-        power.runs([tmp_path])
+    src = ROOT / "results/rank_sweep_r8_format2/runs"
+    shutil.copytree(src, tmp_path / "runs")
+    before = power.components(power.by_config(power.runs([src]), "accuracy"))
+    amx = {"cpu": "Intel(R) Xeon(R) Processor", "cpu_kind": "amx_bf16", "compute_dtype": "fp32"}
+    seed0 = sorted((tmp_path / "runs").glob("*,seed=0"))
+    for d in seed0:  # seed 0's cells all on another kind, and in fp32: one cell key with their bf16 seeds
+        rec = json.loads((d / "result.json").read_text())
+        rec["execution"] = {**rec["execution"], **amx}
+        rec["config"]["quant"]["compute_dtype"] = "fp32"
+        (d / "result.json").write_text(json.dumps(rec))
+    configs = power.by_config(power.runs([tmp_path / "runs"]), "accuracy")
+    assert len(configs) == 8 and power.refused(configs) == []  # eight trained cells, as before
+    after = power.components(configs)
+    assert after[1:] == before[1:] and after[0] == pytest.approx(before[0], rel=1e-12)  # the same pairs, pooled
+    moved = next(d for d in seed0 if "adapter.attn.r=8,adapter.mlp.r=8," in d.name)
+    rec = json.loads((moved / "result.json").read_text())
+    rec["execution"]["cpu_kind"] = "avx2"  # one cell of seed 0 elsewhere: its 7 pairs with the other cells are out
+    (moved / "result.json").write_text(json.dumps(rec))
+    configs = power.by_config(power.runs([tmp_path / "runs"]), "accuracy")
+    left = power.refused(configs)
+    assert len(left) == 7 and all(x.startswith("seed 0: ") and f"{moved.name} on " in x for x in left)
+    key = next(k for k, c in configs.items() if c[0][4] == moved)
+    without = {k: ({s: v for s, v in c.items() if s != 0} if k == key else c) for k, c in configs.items()}
+    assert power.components(configs)[0] == pytest.approx(power.components(without)[0], rel=1e-12)
+    got = subprocess.run([sys.executable, "-m", "qft.tools.power", str(tmp_path / "runs")], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert got.returncode == 0, got.stderr
+    lines = got.stdout.splitlines()
+    assert lines[1].startswith("records of 3 run kinds (") and "pairs (two cells of one seed) pool across kinds" in lines[1]
+    assert lines[2].startswith("left out, their two cells on different run kinds: 7 pairs (seed 0: ")
 
 
 def test_power_prices_scoring_from_runs_made_in_one_invocation():

@@ -165,10 +165,10 @@ def test_report_table_and_plots(tmp_path):
             for c in seen]
     assert "| attn+mlp | 4 | 4 | 3 | " + " | ".join(f"{w:.3f}" for w in want) + " |" in classes
     # seeds that differ (one training step gives the same predictions on every seed): the mean, not one seed's
-    df = pd.DataFrame({"status": "ok", "config_key": ["k"] * 3 + ["u"], "seed": [0, 1, 2, 0],
+    df = pd.DataFrame({"status": "ok", "cell_key": ["k"] * 3 + ["u"], "seed": [0, 1, 2, 0],
                        "acc_class_earn": [0.5, 0.75, 1.0, 0.0], "n_class_earn": 4, "acc_class_grain": [0.0, 0.5, 0.5, 1.0],
                        "n_class_grain": 2})
-    g = pd.DataFrame({"config_key": ["u", "k"], "adapted": ["none", "attn"], "attn_r": [0, 4], "n_seeds": [1, 3]})
+    g = pd.DataFrame({"cell_key": ["u", "k"], "adapted": ["none", "attn"], "attn_r": [0, 4], "n_seeds": [1, 3]})
     assert report.classes_markdown(g, df).splitlines()[2:] == [
         "| adapted | attn_r | n | earn (4) | grain (2) |", "|---|---|---|---|---|",
         "| none | 0 | 1 | 0.000 | 1.000 |", "| attn | 4 | 3 | 0.750 | 0.333 |"]
@@ -248,8 +248,9 @@ def _record(folder: Path, source: str, attn_r: int, mlp_r: int, seed: int, acc: 
         "final_accuracy": {"test": acc, "val": acc}, "train_tokens_per_second": 1.0, "execution": execution}))
 
 
-def test_no_comparison_mixes_cpu_kinds_threads_or_compute_dtypes(tmp_path):
-    """docs/studies.md: a difference between machines is not a difference between configurations."""
+def test_no_pair_mixes_cpu_kinds_threads_or_compute_dtypes(tmp_path):
+    """docs/studies.md: a difference between machines is not a difference between configurations, so the two cells
+    of one seed (a pair) never mix kinds: such a pair is refused and named, and the contrast goes on without it."""
     here = {"cpu_kind": "avx512_bf16", "threads": 1, "compute_dtype": "bf16", "cuda": None}
     for (a, m), values in {(2, 2): [0.80, 0.82, 0.84], (8, 8): [0.90, 0.91, 0.92]}.items():
         for seed, acc in enumerate(values):
@@ -257,36 +258,39 @@ def test_no_comparison_mixes_cpu_kinds_threads_or_compute_dtypes(tmp_path):
     plan = {"margin": 0.02, "alpha": 0.05, "metric": "accuracy",
             "contrasts": [{"name": "8 vs 2", "a": {"attn_r": 8, "mlp_r": 8}, "b": {"attn_r": 2, "mlp_r": 2}}]}
 
-    def tables():  # the report's two tables, without its plots
+    def tables():  # the report's two tables, without its plots, and the contrast's row
         df = report.collect([tmp_path / "runs"])
         g = report.grouped(df)
-        return report.contrasts(df, g, plan)[1], report.markdown(g, df)
+        rows, text = report.contrasts(df, g, plan)
+        return text, report.markdown(g, df), rows[0]
 
-    differs = re.compile(r"\| differs( \(by (more|less) than ±0\.02\))? \|")  # a verdict cell, with or without a size
-    assert differs.search(tables()[0])  # 0.91 vs 0.82 over three seeds each: the control
+    text, _, row = tables()
+    assert row["n_seeds"] == 3 and "Run kinds: every pair ran on one kind (avx512_bf16, 1 thread, bf16)" in text
     for change in ({"threads": 2}, {"cpu_kind": "amx"}, {"compute_dtype": "fp32"}, {"cpu_id": "family 26 model 2"},
                    None):
         shutil.rmtree(tmp_path / "runs" / "882")
         _record(tmp_path / "runs" / "882", "bbc", 8, 8, 2, 0.92, None if change is None else {**here, **change})
-        text, summary = tables()
-        assert not differs.search(text) and "not comparable: its records ran on " in text, change
-        want = {None: "not recorded", "threads": "2 threads", "cpu_kind": "amx, 1 thread", "compute_dtype": "fp32",
-                "cpu_id": "family 26 model 2 avx512_bf16"}
-        assert want[change and next(iter(change))] in text, text
-        assert not re.search(r" differs( \(by [^)]*\))? \|", summary) and "no comparison mixes them" in summary
-        assert "| not comparable (kinds of execution differ) |" in summary
-    # the evaluation's batch size is unhashed (it trains nothing differently) but moves bf16 label scores: a seed
-    # scored at another batch size is not comparable either, and at the same one it is
+        text, summary, row = tables()
+        want = {None: "not recorded", "threads": "avx512_bf16, 2 threads, bf16", "cpu_kind": "amx, 1 thread, bf16",
+                "compute_dtype": "avx512_bf16, 1 thread, fp32", "cpu_id": "family 26 model 2 avx512_bf16, 1 thread, bf16"}
+        assert f"- 8 vs 2, seed 2: 882 on {want[change and next(iter(change))]}; 222 on avx512_bf16, 1 thread, bf16" \
+            in text, text
+        assert row["n_seeds"] == 2 and row["diff"] == pytest.approx(0.905 - 0.81)  # the two pairs of one kind
+        assert [r["seed"] for r in row["refused_pairs"]] == [2]
+        assert "pairs refused in the comparison of attn_r 2, mlp_r 2 with the best, their two cells on different " \
+               "run kinds: seed 2 (222 on avx512_bf16, 1 thread, bf16; 882 on " in summary
+    # the evaluation's batch size is unhashed (it trains nothing differently) but moves bf16 label scores: a pair
+    # scored at two batch sizes is refused, and at one it stands
     for batch, comparable in ((32, True), (64, False)):
         for (a, m), values in {(2, 2): [0.80, 0.82, 0.84], (8, 8): [0.90, 0.91, 0.92]}.items():
             for seed, acc in enumerate(values):
                 shutil.rmtree(tmp_path / "runs" / f"{a}{m}{seed}")
                 _record(tmp_path / "runs" / f"{a}{m}{seed}", "bbc", a, m, seed, acc, here,
                         batch if (a, seed) == (8, 2) else 32)
-        text, summary = tables()
-        assert bool(differs.search(text)) == comparable, batch
-        assert comparable or "eval batch 32 and " in text and "eval batch 64" in text, text
-        assert ("| not comparable (kinds of execution differ) |" in summary) != comparable, summary
+        text, summary, row = tables()
+        assert row["n_seeds"] == (3 if comparable else 2), batch
+        assert comparable or "882 on avx512_bf16, 1 thread, bf16, eval batch 64; 222 on avx512_bf16, 1 thread, " \
+            "bf16, eval batch 32" in text, text
 
 
 def test_a_repeated_configuration_and_seed_is_named_not_dropped_silently(tmp_path):
@@ -469,3 +473,20 @@ def test_report_draws_learning_curves_labelled_by_what_differs(tmp_path):
     assert [r.split(" | ")[0] for r in table[2:]] == ["| 1", "| 2", "| 3"]
     assert table[4].split(" | ")[1:3] == [f"{rec['val_curve'][2][1]:.4f}", f"{rec['val_loglik_curve'][2][1]:.4f}"]
     assert files["learning_curves"].read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_smoke_study_writes_its_records_under_the_ignored_outputs_folder(monkeypatch):
+    """`python -m qft +experiment=smoke` (docs/studies.md) checks the machinery; its records are nobody's study, so they
+    land in git-ignored outputs/smoke/runs, never as an untracked results/smoke/ in the working tree."""
+    from hydra import compose, initialize_config_dir
+
+    from qft import config
+
+    monkeypatch.delenv("QFT_SWEEP_DIR", raising=False)
+    with initialize_config_dir(config.CONF, version_base="1.3"):
+        cfg = compose("config", overrides=["+experiment=smoke"], return_hydra_config=True)
+    where = str(cfg.hydra.sweep.dir)
+    assert where == "outputs/smoke/runs"
+    ignored = subprocess.run(["git", "check-ignore", "-q", f"{where}/adapter.attn.r=0,adapter.mlp.r=0/result.json"],
+                             cwd=ROOT)
+    assert ignored.returncode == 0  # 1: git would show the records as untracked files

@@ -4,7 +4,9 @@ From records with per-example scores it estimates, over every pair of trained co
 seeds and examples, the crossed variance components of a paired difference (seed, example, residual; qft.stats),
 and prints for several test sizes the seeds needed to find a difference of delta and to show equivalence within the
 margin, each at 80% power after a Bonferroni share of alpha for the declared family (Holm is never less powerful),
-and the wall-clock hours that implies from the records' own run times on this CPU kind. From records without them it
+and the wall-clock hours that implies from the records' own run times on this CPU kind. Records of several run kinds
+plan together as the report reads them: a pair (two cells of one seed) on one kind, pairs pooled across kinds, a pair
+across kinds left out and named. From records without them it
 can only use the seed-to-seed spread at the records' test size, and says so. `--simulate SEEDS` checks the chosen
 seed count against the report's own test (the generalized interval, not the t the table prices with), with the seed
 component as estimated and at 2x and 4x it, since a few seeds estimate it loosely.
@@ -37,12 +39,6 @@ def runs(paths) -> list[tuple[Path, dict]]:
         out += [(f.parent, r) for f in files if (r := record.read(f.parent)) and r.get("status") == "ok"]
     if not out:
         raise QftError("RECORDS", " ".join(map(str, paths)), "no ok result records there")
-    # "not recorded": the report's words for a record made before qft named its kind
-    kinds = sorted({frame.record_kind(r) or "not recorded" for _, r in out})
-    if len(kinds) > 1:  # variance pooled across machines would price a study no machine runs
-        raise QftError("RECORDS", " ".join(map(str, paths)), "records of one run kind (what one comparison must not "
-                       f"mix: CPU, threads, compute dtype, torch, eval batch); these hold {len(kinds)}: "
-                       f"{' / '.join(kinds)}")
     return out
 
 
@@ -60,22 +56,38 @@ def scores(run_dir: Path, rec: dict, metric: str) -> tuple[np.ndarray, np.ndarra
 
 
 def by_config(recs, metric: str) -> dict:
-    """config key -> {seed: (ids, scores)} for trained configurations, and whether every one had per-example scores."""
+    """cell key (qft.record.cell_key: one cell whatever kind ran it) -> {seed: (ids, scores, test accuracy, run kind,
+    run folder)} for trained cells."""
     out: dict = {}
     for run_dir, rec in recs:
         if not (rec.get("trainable_params") or {}).get("total"):
             continue  # an untrained cell has no seed noise: it would shrink the seed component
-        key = record.config_hash(rec["config"], ignore=("seed",), inputs_=rec.get("inputs") or {})
+        key = record.cell_key(rec["config"], rec.get("inputs") or {})
         ids, per_example = scores(run_dir, rec, metric) or (None, None)
-        out.setdefault(key, {})[rec["seed"]] = (ids, per_example, float(rec["final_accuracy"]["test"]))
+        out.setdefault(key, {})[rec["seed"]] = (ids, per_example, float(rec["final_accuracy"]["test"]),
+                                                frame.kind_name(frame.record_kind(rec)), run_dir)
     return out
 
 
+def _paired(a: dict, b: dict) -> list:
+    """The seeds two cells share whose two records ran on one run kind, as the report pairs them."""
+    return sorted(s for s in set(a) & set(b) if frame.one_kind(a[s][3], b[s][3]))
+
+
+def refused(configs: dict) -> list[str]:
+    """Each pair of records of one seed in two cells that ran on different run kinds, named: left out of the
+    components, as the report leaves it out of a contrast."""
+    return [f"seed {s}: {Path(a[s][4]).name} on {a[s][3]}; {Path(b[s][4]).name} on {b[s][3]}"
+            for a, b in itertools.combinations(configs.values(), 2) for s in sorted(set(a) & set(b))
+            if not frame.one_kind(a[s][3], b[s][3])]
+
+
 def components(configs: dict) -> tuple[dict, int, int] | None:
-    """Pooled crossed variance components over every pair of configurations sharing seeds and examples."""
+    """Pooled crossed variance components over every pair of cells sharing seeds and examples, each seed's pair on
+    one run kind (pairs pool across kinds: a kind's effect on a contrast is then part of its seed component)."""
     pooled, weight, shape = {"seed": 0.0, "example": 0.0, "residual": 0.0}, 0.0, None
     for a, b in itertools.combinations(configs.values(), 2):
-        seeds = sorted(set(a) & set(b))
+        seeds = _paired(a, b)
         if len(seeds) < 2 or any(a[s][0] is None or b[s][0] is None for s in seeds):
             continue
         ids = a[seeds[0]][0]
@@ -142,16 +154,28 @@ def plan(paths, delta: float, margin: float, alpha: float, family: int, cells: i
     lines = [f"qft.tools.power: {len(recs)} ok records, {len(configs)} trained configurations; metric {metric}; "
              f"delta {delta:g}, equivalence margin ±{margin:g}, alpha {alpha:g} over a family of {family} "
              f"(planned at {a:.3g} each), 80% power; {cells} cells"]
+    kinds = sorted({v[3] for c in configs.values() for v in c.values()})
+    if len(kinds) > 1:
+        lines.append(f"records of {len(kinds)} run kinds ({' / '.join(kinds)}): pairs (two cells of one seed) pool "
+                     "across kinds, each pair on one kind")
+    left = refused(configs)
+    if left:
+        lines.append(f"left out, their two cells on different run kinds: {len(left)} pairs ({'; '.join(left)})")
     comp = components(configs)
     if comp is None:
-        acc = [[v[2] for v in c.values()] for c in configs.values() if len(c) >= 2]
+        by_kind: dict = {}  # a cell's seeds on one kind: the seed-to-seed spread without the kinds' differences
+        for key, c in configs.items():
+            for v in c.values():
+                by_kind.setdefault((key, v[3]), []).append(v[2])
+        acc = [x for x in by_kind.values() if len(x) >= 2]
         if not acc:
-            raise QftError("RECORDS", " ".join(map(str, paths)), "needs at least two seeds of one configuration")
+            raise QftError("RECORDS", " ".join(map(str, paths)), "needs at least two seeds of one configuration on "
+                           "one run kind")
         sd = math.sqrt(np.mean([np.var(x, ddof=1) for x in acc]))
         n_test = int(np.median([(r.get("data") or {}).get("sizes", {}).get("test", 0) for _, r in recs]))
         why = "no per-example scores in these records (made before they were kept)" if not any(
             v[0] is not None for c in configs.values() for v in c.values()) else \
-            "no two trained configurations share two seeds with per-example scores"
+            "no two trained configurations share two seeds with per-example scores, each pair on one run kind"
         lines.append(f"{why}: the seed-to-seed SD of test accuracy is {sd:.4f} at {n_test} test examples, and seed and "
                      f"example noise cannot be told apart; the test size stays {n_test}.")
         comp_w = {"seed": 2 * sd * sd, "example": 0.0, "residual": 0.0, "unpaired": True}  # both sides' variance

@@ -2,7 +2,7 @@
 and examples.npz, and one line a run naming what a reader may see before the report (status, steps, test documents,
 seconds, what executed it), never a score. From the repository root:
 
-    python experiments/finding2/lanes/landed.py                 # WORKTREE (default /work/f2x)
+    python experiments/finding2/lanes/landed.py                 # WORKTREE (default ../f2x, beside this checkout)
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def landed(worktree: Path, here: Path) -> list[str]:
 
 
 if __name__ == "__main__":
-    worktree = Path(os.environ.get("WORKTREE", "/work/f2x"))
+    worktree = Path(os.environ.get("WORKTREE") or Path.cwd().parent / "f2x")
     if not (worktree / "results/finding2/runs").is_dir():
         sys.exit(print(f"landed.py: error: WORKTREE={worktree} holds no results/finding2/runs (the lanes' worktree: "
                        "experiments/finding2/lanes/start.sh makes it)", file=sys.stderr) or 2)

@@ -4,7 +4,7 @@
 # /tmp/lane-NAME.out, unread (qft prints a run's test accuracy), starts and ends to /tmp/lane-NAME.log. A done run is
 # skipped and a killed one resumes from its checkpoint, so a lane restarts with the same command.
 #   bash experiments/finding2/lanes/lane.sh A experiments/finding2/lanes/A.txt    # beside the same with B
-name=$1; jobs=$(realpath "$2"); python=${PYTHON:-$(pwd)/.venv/bin/python}; worktree=${WORKTREE:-/work/f2x}
+name=$1; jobs=$(realpath "$2"); python=${PYTHON:-$(pwd)/.venv/bin/python}; worktree=${WORKTREE:-$(dirname "$(pwd)")/f2x}
 cd "$worktree" || exit 2
 while IFS= read -r line; do
   [ -z "$line" ] && continue

@@ -1,11 +1,11 @@
 #!/bin/bash
 # Start, or restart, finding 2's two lanes, from the repository root: on the AMX Xeon only (plan.yaml, fifth
-# amendment), from a worktree at qft dd15231 (WORKTREE, default /work/f2x), made here where a session begins without
-# it, holding this checkout's committed records (copied in, none overwritten), so that done runs skip and killed ones
+# amendment), from a worktree at qft dd15231 (WORKTREE, default ../f2x: a folder beside this checkout), made here where it is
+# missing, holding this checkout's committed records (copied in, none overwritten), so that done runs skip and killed ones
 # resume from their checkpoints. `--prepare` stops before starting the lanes.
 #   bash experiments/finding2/lanes/start.sh
 set -euo pipefail
-worktree=${WORKTREE:-/work/f2x}
+worktree=${WORKTREE:-$(dirname "$(pwd)")/f2x}
 if ! grep -qw amx_bf16 "${CPUINFO:-/proc/cpuinfo}"; then
   echo "start.sh: error: this CPU has no amx_bf16; finding 2 runs on the AMX Xeon only (plan.yaml, fifth amendment)" >&2
   exit 2

@@ -20,8 +20,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--versus", default="", help="the reference configuration, as columns of the table: "
                     "attn_r=8,mlp_r=8 (default: the best configuration)")
     ap.add_argument("--within", default="", help="compare within groups of these columns: attn_bits,mlp_bits")
-    ap.add_argument("--plan", help="the study's declared analysis (plan.yaml: contrasts, margin, metric); its contrasts "
-                    "are printed first with Holm across them, the rest is exploratory")
+    ap.add_argument("--plan", help="the study's declared analysis (plan.yaml: contrasts, margin, metric, positive "
+                    "controls); its controls and contrasts are printed first with Holm across each, split by run kind; "
+                    "the rest is exploratory")
     return ap
 
 

@@ -1,9 +1,11 @@
-"""Configurations against each other: seeds pooled per configuration, and a difference with its interval and
-verdict, paired over examples where the records allow it, so a reader sees whether it beats the seed noise."""
+"""Configurations against each other: seeds pooled per cell (the cell key: one cell whatever kind ran it), and a
+difference with its interval and verdict over pairs (a seed's two cells) of one run kind, pooled across kinds, paired
+over examples where the records allow it, so a reader sees whether it beats the seed noise."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -11,7 +13,7 @@ import numpy as np
 
 from qft import stats
 from qft.record import read_examples
-from qft.frame import AXES, THIRDS
+from qft.frame import AXES, THIRDS, kind_name, one_kind
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -21,12 +23,12 @@ MIN_SEEDS = 3  # seeds both trained cells need for a paired verdict (2 under-cov
 
 
 def one_record_a_seed(df) -> tuple["pd.DataFrame", list[str]]:
-    """The ok records, one a configuration and seed (a repeat: another machine, thread count or pipeline layout,
-    none of them hashed): the last by folder stands, in every table; and the folders of those left out, to name."""
+    """The ok records, one a cell and seed (a repeat: another machine, thread count or pipeline layout, none of them
+    in the cell key): the last by folder stands, in every table; and the folders of those left out, to name."""
     ok = df[df.status == "ok"]
-    if "config_key" not in ok:
+    if "cell_key" not in ok:
         return ok, []
-    repeat = ok.duplicated(["config_key", "seed"], keep="last")  # a mask: records of several folders may share labels
+    repeat = ok.duplicated(["cell_key", "seed"], keep="last")  # a mask: records of several folders may share labels
     return ok[~repeat], sorted(Path(str(d)).name for d in ok[repeat].get("run_dir", []))
 
 
@@ -44,7 +46,7 @@ def grouped(df, versus: dict | None = None, within: tuple = (), margin: float = 
     for col in [*(versus or {}), *within]:
         if col not in ok:
             raise ValueError(f"column {col!r} is not in the records; allowed: {', '.join(keep)}")
-    g = ok.groupby("config_key", sort=False)
+    g = ok.groupby("cell_key", sort=False)
     out = g[keep].first().join(stats.seed_summary(g))
     untrained = out.params.fillna(0) == 0
     out.loc[untrained, ["n_seeds", "acc_sd"]] = [1, 0.0]
@@ -60,16 +62,19 @@ def grouped(df, versus: dict | None = None, within: tuple = (), margin: float = 
         for i in part.index:
             out.loc[i, "vs_ref"] = -1 if ref is None else ref
             if ref is not None and i != ref:
-                comparisons[i] = compare_configs(ok, out.config_key[i], out.config_key[ref], margin)
+                comparisons[i] = compare_configs(ok, out.cell_key[i], out.cell_key[ref], margin)
     stats.holm(list(comparisons.values()))
     for col in ("vs_diff", "vs_low", "vs_high", "vs_p_adj", "vs_p_tost_adj"):
         out[col] = float("nan")
-    out["vs_verdict"], out["vs_method"] = "", ""
+    out["vs_verdict"], out["vs_method"], out["vs_refused"] = "", "", ""
     for i, c in comparisons.items():
+        refused = pairs(ok, out.cell_key[i], out.cell_key[out.vs_ref[i]]).refused
+        out.loc[i, "vs_refused"] = ", ".join(f"seed {s} ({Path(str(da)).name if da else '-'} on {ka}; "
+                                             f"{Path(str(db)).name if db else '-'} on {kb})"
+                                             for s, da, ka, db, kb in refused)
         if c is None:
-            runs = [d for k in (out.config_key[i], out.config_key[out.vs_ref[i]]) for d in seed_rows(ok, k).values()]
-            if mixed(ok, runs):
-                out.loc[i, "vs_verdict"] = "not comparable"  # its records ran on different kinds of execution
+            if refused:
+                out.loc[i, "vs_verdict"] = "not comparable"  # too few seeds left once pairs across kinds are out
         else:
             out.loc[i, ["vs_diff", "vs_low", "vs_high", "vs_p_adj", "vs_p_tost_adj"]] = [c.diff, c.low, c.high, c.p_adj,
                                                                                        c.p_tost_adj]
@@ -77,33 +82,75 @@ def grouped(df, versus: dict | None = None, within: tuple = (), margin: float = 
     return out
 
 
-def seed_rows(ok, key) -> dict:
-    """seed -> run_dir of one configuration's ok records; an untrained configuration as one evaluation."""
-    part = ok[ok.config_key == key]
-    rows = dict(zip(part.seed, part.run_dir))
-    return dict([next(iter(rows.items()))]) if rows and part.params.fillna(0).eq(0).all() else rows
+@dataclass
+class Pairs:
+    """The pairs of a comparison of cell a with cell b: per seed, the run folders of its two cells, which ran on one
+    run kind; the seeds whose two cells did not, refused and named; and the seeds only one trained cell has. An
+    untrained cell (one evaluation a kind) pairs with each seed of the other cell on that seed's kind."""
+
+    a: dict = field(default_factory=dict)  # seed -> run_dir
+    b: dict = field(default_factory=dict)
+    kind: dict = field(default_factory=dict)  # seed -> the pair's run kind, as tables print it
+    refused: list = field(default_factory=list)  # (seed, run_dir a, kind a, run_dir b, kind b)
+    unpaired: tuple = ({}, {})  # seed -> run_dir of the seeds only cell a (b) has
+    kinds: set = field(default_factory=set)  # every kind either cell's records ran on
+    untrained: tuple = (False, False)  # whether cell a (b) is one evaluation a kind
+
+    def only(self, kind: str) -> "Pairs":
+        keep = [s for s in self.a if self.kind[s] == kind]
+        return Pairs({s: self.a[s] for s in keep}, {s: self.b[s] for s in keep}, {s: kind for s in keep},
+                     kinds={kind}, untrained=self.untrained)
 
 
-def compare_configs(ok, key_a, key_b, margin: float = MARGIN, metric: str = "accuracy") -> "stats.Comparison | None":
-    """Configuration a - b on test accuracy: paired over shared seeds and examples where both kept per-example
-    scores, else Welch over seeds (or one-sample against an untrained cell's one evaluation); None where neither
-    side has the seeds for an interval."""
-    a, b = seed_rows(ok, key_a), seed_rows(ok, key_b)
-    if mixed(ok, [*a.values(), *b.values()]):
-        return None
-    ea, eb = _examples(a, metric), _examples(b, metric)
-    once = {k for k, rows in (("a", a), ("b", b)) if _untrained(ok, rows)}  # one deterministic evaluation
+def _side(ok, key) -> tuple[bool, list]:
+    """Whether a cell is untrained, and its records as (seed, run_dir, kind)."""
+    part = ok[ok.cell_key == key]
+    kinds = part.run_kind.map(kind_name) if "run_kind" in part else ["not recorded"] * len(part)
+    return bool(len(part)) and part.params.fillna(0).eq(0).all(), list(zip(part.seed, part.run_dir, kinds))
+
+
+def pairs(ok, key_a, key_b) -> Pairs:
+    """Cell a's and cell b's records paired by seed, a pair on one run kind (qft.frame.one_kind); a trained cell
+    against an untrained one takes the untrained cell's evaluation on each seed's kind."""
+    (once_a, ra), (once_b, rb) = _side(ok, key_a), _side(ok, key_b)
+    p = Pairs(kinds={k for _, _, k in ra + rb}, untrained=(once_a, once_b))
+    if once_a or once_b:
+        flip = once_a and not once_b  # the trained side first
+        trained, fixed = (rb, ra) if flip else (ra, rb)
+        on = {k: d for _, d, k in fixed}
+        has = f"no evaluation on that kind (it has: {' / '.join(on) or 'no record'})"
+        matched = [((s, d, k), (on.get(k), k if k in on else has)) for s, d, k in trained]
+        if flip:
+            matched = [((s, d2, k2), (d, k)) for (s, d, k), (d2, k2) in matched]
+    else:
+        b = {s: (d, k) for s, d, k in rb}
+        matched = [((s, d, k), b[s]) for s, d, k in ra if s in b]
+        p.unpaired = ({s: d for s, d, _ in ra if s not in b}, {s: d for s, d, _ in rb if s not in {x[0] for x in ra}})
+    for (seed, dir_a, kind_a), (dir_b, kind_b) in matched:
+        if dir_a is not None and dir_b is not None and one_kind(kind_a, kind_b):
+            p.a[seed], p.b[seed], p.kind[seed] = dir_a, dir_b, kind_a
+        else:
+            p.refused.append((seed, dir_a, kind_a, dir_b, kind_b))
+    return p
+
+
+def compare_configs(ok, key_a, key_b, margin: float = MARGIN, metric: str = "accuracy", kind: str | None = None,
+                    min_seeds: int = MIN_SEEDS) -> "stats.Comparison | None":
+    """Cell a - b on test accuracy over its pairs (`pairs`; only those of one run kind where `kind` is given): paired
+    over seeds and examples where both kept per-example scores, else Welch over seeds (or one-sample over the pairs'
+    differences against an untrained cell); None where too few pairs remain. Where every record of both cells ran on
+    one kind, Welch takes the seeds only one cell has as well."""
+    p = pairs(ok, key_a, key_b)
+    if kind is not None:
+        p = p.only(kind)
+    ea, eb = example_scores(p.a, metric), example_scores(p.b, metric)
+    seeds = sorted(p.a)
     if ea and eb:
-        seeds = None if once else sorted(set(ea) & set(eb))  # trained against trained: the seeds both have
-        # the trained seeds: those both cells share, or the trained side's against an untrained cell
-        trained = len(seeds) if seeds is not None else min(
-            (len(e) for k, e in (("a", ea), ("b", eb)) if k not in once), default=MIN_SEEDS)
-        if trained < MIN_SEEDS:
+        if len(seeds) < (1 if all(p.untrained) else min_seeds):
             # with fewer trained seeds the crossed model cannot see training noise well enough for a verdict (one
             # seed against an untrained cell would be a paired t over examples alone: 56% coverage simulated)
             return None
-        rows_a = [ea[s] for s in seeds] if seeds else list(ea.values())
-        rows_b = [eb[s] for s in seeds] if seeds else list(eb.values())
+        rows_a, rows_b = [ea[s] for s in seeds], [eb[s] for s in seeds]
         if all(np.array_equal(x[0], rows_a[0][0]) for x in rows_a + rows_b):
             return stats.paired(np.stack([x[1] for x in rows_a]), np.stack([x[1] for x in rows_b]), margin)
     if metric != "accuracy":
@@ -112,32 +159,21 @@ def compare_configs(ok, key_a, key_b, margin: float = MARGIN, metric: str = "acc
         return None  # per-example scores on different examples: no comparison rather than a wrong one
     # records without per-example scores: over seeds only, which holds the test set fixed (its sampling noise is
     # not in the interval), so the method says so
-    acc = {k: ok.set_index("run_dir").acc_test[list(v.values())].to_numpy(float) for k, v in (("a", a), ("b", b))}
-    c = None
-    if len(acc["a"]) > 1 and len(acc["b"]) > 1:
-        c = stats.welch(acc["a"], acc["b"], margin)
-    elif len(acc["a"]) > 1 and len(acc["b"]) == 1:
-        c = stats.versus_constant(acc["a"], acc["b"][0], margin)
-    elif len(acc["b"]) > 1 and len(acc["a"]) == 1:
-        c = stats.versus_constant(acc["b"], acc["a"][0], margin).negated()
+    acc = ok.set_index("run_dir").acc_test
+    if any(p.untrained):  # the pairs' differences against one evaluation a kind
+        d = acc[list(p.a.values())].to_numpy(float) - acc[list(p.b.values())].to_numpy(float)
+        c = stats.versus_constant(d, 0.0, margin) if len(d) > 1 else None
+    else:
+        one = kind is None and len(p.kinds) == 1  # every record of both cells on one kind: all their seeds
+        a, b = ({**p.a, **p.unpaired[0]}, {**p.b, **p.unpaired[1]}) if one else (p.a, p.b)
+        xa, xb = acc[list(a.values())].to_numpy(float), acc[list(b.values())].to_numpy(float)
+        c = stats.welch(xa, xb, margin) if len(xa) > 1 and len(xb) > 1 else None
     if c is not None:
         c.method += ", this test set"
     return c
 
 
-def mixed(ok, run_dirs: list) -> list[str]:
-    """The kinds of execution a comparison's records span where there is more than one (none recorded counts as
-    one more): a difference between them could be the machine's, not the configuration's."""
-    kinds = ok.set_index("run_dir").run_kind.reindex(run_dirs)
-    found = sorted({"not recorded" if k is None or k != k else str(k) for k in kinds})
-    return found if len(found) > 1 else []
-
-
-def _untrained(ok, rows: dict) -> bool:
-    return bool(rows) and ok.set_index("run_dir").params.reindex(list(rows.values())).fillna(0).eq(0).all()
-
-
-def _examples(rows: dict, metric: str) -> dict | None:
+def example_scores(rows: dict, metric: str) -> dict | None:
     """seed -> (example ids, per-example scores) of the final test evaluation, or None if any run lacks them."""
     out = {}
     for seed, run_dir in rows.items():

@@ -1,51 +1,21 @@
 """A study's declared analysis (plan.yaml): its contrasts are the confirmatory family, Holm-adjusted across
-themselves only, so that they are read apart from the exploratory comparisons of the summary table."""
+themselves only, so that they are read apart from the exploratory comparisons of the summary table. Its positive
+controls, where it declares them, are a family of their own, tested first: a study that cannot see an effect it
+knows is there has no verdict of "equivalent" worth reading, and a margin may be set relative to a control's cost."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from qft import stats
-from qft.tools.report.compare import (MARGIN, MIN_SEEDS, compare_configs, equal, mixed, one_record_a_seed,
-                                      seed_rows)
+from qft.tools.report import kinds
+from qft.tools.report.compare import MIN_SEEDS, compare_configs, equal, one_record_a_seed, pairs
+from qft.tools.report.plan import declared_seeds, read_plan  # noqa: F401  (read_plan: the package's name for it)
 from qft.tools.report.tables import table
 
 
-def read_plan(path: Path) -> dict:
-    """A study's declared analysis (plan.yaml): metric, margin, alpha, the contrasts (cell a - cell b, each cell as
-    columns of the table) and the family the Holm adjustment covers (all the contrasts)."""
-    import yaml
-
-    try:
-        plan = yaml.safe_load(Path(path).read_text()) or {}
-    except (OSError, yaml.YAMLError) as e:
-        raise ValueError(f"--plan={path}: not a readable YAML file ({type(e).__name__})") from e
-    contrasts = plan.get("contrasts")
-    if not isinstance(contrasts, list) or not contrasts or not all(
-            isinstance(c, dict) and {"name", "a", "b"} <= set(c) for c in contrasts):
-        raise ValueError(f"--plan={path}: contrasts must be a list of {{name, a, b}} with a and b as column: value maps")
-    if plan.get("metric", "accuracy") not in ("accuracy", "loglik"):
-        raise ValueError(f"--plan={path}: metric must be accuracy or loglik")
-    for key in ("seeds", "seeds_amended"):
-        seeds = plan.get(key)
-        if seeds is not None and (not isinstance(seeds, list) or not seeds or not all(
-                isinstance(s, int) and not isinstance(s, bool) for s in seeds)):
-            raise ValueError(f"--plan={path}: {key} must be a non-empty list of integer seeds")
-    return {"metric": "accuracy", "margin": MARGIN, "alpha": 0.05, **plan}
-
-
-def declared_seeds(plan: dict) -> list | None:
-    """The seeds the plan's verdicts use (the amended list where there is one): a contrast is analysed on exactly
-    these, never on fewer, so a report run mid-study gives no early verdict."""
-    seeds = plan.get("seeds_amended", plan.get("seeds"))
-    return None if seeds is None else sorted(set(seeds))
-
-
 def cell_keys(ok, cell: dict) -> list:
-    """The configuration keys of the records a plan's cell matches; a cell names columns of the table or dotted
-    config keys."""
-    hit = ok[[all(equal(r[k] if k in r else r.get(f"cfg.{k}"), v) for k, v in cell.items()) for _, r in ok.iterrows()]]
-    return list(dict.fromkeys(hit.config_key))
+    """The cell keys of the records a plan's cell matches; a cell names columns of the table or dotted config keys."""
+    hit = [all(equal(r[k] if k in r else r.get(f"cfg.{k}"), v) for k, v in cell.items()) for _, r in ok.iterrows()]
+    return list(dict.fromkeys(ok.cell_key[hit])) if hit else []
 
 
 def _unmatched(matches: list) -> str:
@@ -53,12 +23,6 @@ def _unmatched(matches: list) -> str:
     or one the plan names too loosely to tell configurations apart."""
     return "; ".join(f"cell {side} matches {'no records' if not m else f'{len(m)} configurations'}"
                      for side, m in zip("ab", matches) if len(m) != 1)
-
-
-def _missing(ok, keys: list, seeds: list, untrained: set) -> list:
-    """The declared seeds a contrast's trained cells do not both have (all of them for a cell with none)."""
-    have = [set(ok.seed[ok.config_key == k]) for k in keys if k not in untrained]
-    return [s for s in seeds if not all(s in h for h in have)]
 
 
 def _finds(comp, alpha: float) -> str:
@@ -71,56 +35,125 @@ def _components(comp) -> str:
     return "-" if not c else f"{c['seed']:.2g} / {c['example']:.2g} / {c['residual']:.2g}"
 
 
+def family(every, ok, declared: list, seeds: list | None, margin: float, plan: dict) -> list[dict]:
+    """Each declared contrast (or control) on its pairs in `ok`, Holm across the list: its cell keys (matched on
+    `every` record, whatever its seed), the declared seeds without a pair on one kind, its comparison (None where not
+    computed) and its per-kind split."""
+    out = []
+    for c in declared:
+        matches = [cell_keys(every, c[side]) for side in ("a", "b")]
+        keys = [m[0] if len(m) == 1 else None for m in matches]  # None: no single configuration
+        e = {"contrast": c, "matches": matches, "keys": keys, "missing": [], "comp": None, "split": None}
+        if None not in keys:
+            p = pairs(ok, *keys)
+            # a declared seed counts where its pair ran on one kind (two untrained cells: one evaluation, any seed)
+            e["missing"] = [] if seeds is None or all(p.untrained) else [s for s in seeds if s not in p.a]
+            e["split"] = kinds.split(ok, *keys, margin, plan["metric"])
+            if not e["missing"]:
+                e["comp"] = compare_configs(ok, *keys, margin, plan["metric"])
+        out.append(e)
+    stats.holm([e["comp"] for e in out])  # the whole declared family, a missing contrast as p = 1
+    for e in out:
+        if e["comp"] is not None:
+            e["comp"].alpha = plan["alpha"]
+    return out
+
+
+def resolve_margin(plan: dict, controls: list[dict]) -> tuple[float, str, bool]:
+    """The family's margin, where it comes from, and whether it is resolved: a number as declared, or `factor` x the
+    measured cost (|a - b|) of the control it names, only once that control has passed (a cost not shown to be
+    there sets no margin: then 0, at which TOST never rejects, so no "equivalent")."""
+    m = plan["margin"]
+    if not isinstance(m, dict):
+        return float(m), "declared", True
+    ctl = next(e for e in controls if e["contrast"]["name"] == m["relative_to"])
+    comp = ctl["comp"]
+    if comp is None or comp.verdict != "differs":
+        why = "was not computed" if comp is None else f"came out {comp.verdict}"
+        return 0.0, (f"{m['factor']:g} x the cost of control {m['relative_to']!r}, which {why}; no "
+                     "equivalence verdicts"), False
+    return m["factor"] * abs(comp.diff), (f"{m['factor']:g} x the measured cost of control {m['relative_to']!r} "
+                                          f"(|{comp.diff:+.4f}|)"), True
+
+
+def _why(e: dict, seeds: list | None) -> str:
+    """Why a contrast has no comparison."""
+    refused = (e["split"] or {}).get("refused_pairs") or []
+    on = f"; {len(refused)} pair(s) refused, their cells on different run kinds (named below)" if refused else ""
+    if e["missing"]:
+        return (f"not run: {len(seeds) - len(e['missing'])} of the {len(seeds)} declared seeds in both cells "
+                f"(missing {', '.join(map(str, e['missing']))}){on}")
+    if None in e["keys"]:
+        return f"not computable: {_unmatched(e['matches'])}"
+    if refused:
+        return f"not comparable: fewer than {MIN_SEEDS} pairs on one kind{on}"
+    return f"not computable: fewer than {MIN_SEEDS} seeds both cells share, or per-example scores on different examples"
+
+
+def _controls_markdown(controls: list[dict], seeds, alpha: float) -> list[str]:
+    cells = [[e["contrast"]["name"], *(["-", "-", "-", "-", _why(e, seeds)] if e["comp"] is None else
+                                       [f"{e['comp'].diff:+.4f}", f"[{e['comp'].low:+.4f}, {e['comp'].high:+.4f}]",
+                                        f"{e['comp'].p:.3g}", f"{e['comp'].p_adj:.3g}", e["comp"].verdict]),
+              "passed" if e["comp"] is not None and e["comp"].verdict == "differs" else "FAILED"] for e in controls]
+    return [f"Positive controls (each must come out \"differs\": Holm across the {len(controls)} of them at alpha "
+            f"{alpha:g}, tested before the contrasts, which say something only where every control passed; a failed "
+            "control means this design did not see an effect it was built to see, so its \"equivalent\" says only "
+            "that the task needs no capacity):", "", *table(["control", "a - b", "95% CI", "p", "Holm p", "verdict",
+                                                              "passed"], cells), ""]
+
+
 def contrasts(df, g, plan: dict) -> tuple[list[dict], str]:
     """The declared contrasts with Holm across them, and their markdown table; where every contrast is paired and
     the metric is accuracy, the gold label's log-likelihood (continuous, more power) beside it, Holm across the
-    same family, equivalence only within a declared `loglik_margin`."""
-    ok, repeats = one_record_a_seed(df)  # as the exploratory table keeps them, and named below, never chosen silently
-    matches = [[cell_keys(ok, c[side]) for side in ("a", "b")] for c in plan["contrasts"]]
-    keys = [[m[0] if len(m) == 1 else None for m in ms] for ms in matches]  # None: no single configuration
+    same family, equivalence only within a declared `loglik_margin`. Controls first, then the margin they resolve,
+    then each contrast's split by run kind."""
+    every, repeats = one_record_a_seed(df)  # as the exploratory table keeps them, and named below, never chosen silently
+    ok = every
     seeds = declared_seeds(plan)
-    untrained = set(ok.config_key[ok.params.fillna(0).eq(0)])  # one evaluation: any seed stands for it
+    untrained = set(ok.cell_key[ok.params.fillna(0).eq(0)])  # one evaluation a kind: any seed stands for it
     if seeds is not None:
-        ok = ok[ok.seed.isin(seeds) | ok.config_key.isin(untrained)]
-    missing = [[] if seeds is None or None in k else _missing(ok, k, seeds, untrained) for k in keys]
-    found = [(c, compare_configs(ok, *k, plan["margin"], plan["metric"]) if None not in k and not m else None)
-             for c, k, m in zip(plan["contrasts"], keys, missing)]
-    stats.holm([comp for _, comp in found])  # the whole declared family, a missing contrast as p = 1
-    comps = [comp for _, comp in found if comp is not None]
-    for comp in comps:
-        comp.alpha = plan["alpha"]
+        ok = ok[ok.seed.isin(seeds) | ok.cell_key.isin(untrained)]
+    controls = family(every, ok, plan.get("controls") or [], seeds, plan["margin"] if not isinstance(plan["margin"], dict)
+                      else 0.0, plan)
+    margin, source, resolved = resolve_margin(plan, controls)
+    found = family(every, ok, plan["contrasts"], seeds, margin, plan)
+    comps = [e["comp"] for e in found if e["comp"] is not None]
     loglik = {}
     if plan["metric"] == "accuracy" and comps and all(c.method == "paired-crossed" for c in comps):
-        loglik = {i: compare_configs(ok, *k, plan.get("loglik_margin", 0.0), "loglik")
-                  if None not in k and not missing[i] else None for i, k in enumerate(keys)}
+        loglik = {i: compare_configs(ok, *e["keys"], plan.get("loglik_margin", 0.0), "loglik")
+                  if None not in e["keys"] and not e["missing"] else None for i, e in enumerate(found)}
         stats.holm(list(loglik.values()))
         loglik = {i: x for i, x in loglik.items() if x is not None}
         for x in loglik.values():
             x.alpha = plan["alpha"]
-    rows = [{"name": c["name"], **({} if comp is None else comp.as_dict()),
-             **({"loglik": loglik[i].as_dict()} if i in loglik else {})} for i, (c, comp) in enumerate(found)]
+    rows = [{"name": e["contrast"]["name"], **({} if e["comp"] is None else e["comp"].as_dict()),
+             **({"loglik": loglik[i].as_dict()} if i in loglik else {}), "margin_source": source, **(e["split"] or {})}
+            for i, e in enumerate(found)]
+    rows += [{"name": e["contrast"]["name"], "control": True, "passed": e["comp"] is not None and
+              e["comp"].verdict == "differs", **({} if e["comp"] is None else e["comp"].as_dict()), **(e["split"] or {})}
+             for e in controls]
     header = ["contrast", "a - b", "95% CI", "p", "Holm p", "Holm TOST p", "verdict", "method", "seeds", "examples",
               "finds (80%)", "seed / example / residual",
               *(["gold log-lik a - b [95% CI], Holm p"] if loglik else [])]
     cells = []
-    for i, (c, comp) in enumerate(found):
+    for i, e in enumerate(found):
+        comp = e["comp"]
         if comp is None:
-            runs = [] if None in keys[i] else [d for k in keys[i] for d in seed_rows(ok, k).values()]
-            why = (f"not run: {len(seeds) - len(missing[i])} of the {len(seeds)} declared seeds in both cells "
-                   f"(missing {', '.join(map(str, missing[i]))})" if missing[i] else
-                   f"not computable: {_unmatched(matches[i])}" if None in keys[i] else
-                   f"not comparable: its records ran on {' and '.join(mixed(ok, runs))}" if mixed(ok, runs) else
-                   f"not computable: fewer than {MIN_SEEDS} seeds both cells share, or per-example scores on "
-                   f"different examples")
-            cells.append([c["name"], "-", "-", "-", "-", "-", why, "", "", "", "", "", *([""] if loglik else [])])
+            cells.append([e["contrast"]["name"], "-", "-", "-", "-", "-", _why(e, seeds), "", "", "", "", "",
+                          *([""] if loglik else [])])
             continue
         x = loglik.get(i)  # None where this contrast's log-likelihood comparison was not computable
-        cells.append([c["name"], f"{comp.diff:+.4f}", f"[{comp.low:+.4f}, {comp.high:+.4f}]", f"{comp.p:.3g}",
-                      f"{comp.p_adj:.3g}", f"{comp.p_tost_adj:.3g}", comp.word(), comp.method, comp.n_seeds, comp.n_examples or "-",
+        cells.append([e["contrast"]["name"], f"{comp.diff:+.4f}", f"[{comp.low:+.4f}, {comp.high:+.4f}]",
+                      f"{comp.p:.3g}", f"{comp.p_adj:.3g}", f"{comp.p_tost_adj:.3g}",
+                      comp.word() if resolved else comp.verdict, comp.method, comp.n_seeds, comp.n_examples or "-",
                       _finds(comp, plan["alpha"] / len(found)), _components(comp),
                       *([f"{x.diff:+.4f} [{x.low:+.4f}, {x.high:+.4f}], {x.p_adj:.3g}"] if x is not None else [])])
     on = "" if seeds is None else f"; each on exactly the declared seeds {', '.join(map(str, seeds))}"
-    lines = [f"Declared contrasts ({plan['metric']}, margin ±{plan['margin']:g}, alpha {plan['alpha']:g}, Holm across "
+    relative = isinstance(plan["margin"], dict)
+    width = "unresolved" if not resolved else f"±{margin:.4g}" if relative else f"±{margin:g}"
+    lines = [*(_controls_markdown(controls, seeds, plan["alpha"]) if controls else []),
+             *([f"Margin: {width} ({source}).", ""] if relative else []),
+             f"Declared contrasts ({plan['metric']}, margin {width}, alpha {plan['alpha']:g}, Holm across "
              f"all {len(found)}, {len(found) - len(comps)} of them not computable{on}). Holm runs within each kind of "
              f"claim: differs (Holm p < alpha), equivalent (Holm TOST p < alpha: both one-sided tests reject "
              f"±margin) and, of a difference, by more than ±margin (Holm minimum-effect p < alpha: it rejects every "
@@ -128,8 +161,10 @@ def contrasts(df, g, plan: dict) -> tuple[list[dict], str]:
              f"{3 * plan['alpha']:g} across the three kinds. The "
              f"95% interval shown is unadjusted. Finds (80%): the smallest difference this contrast's own seeds, "
              f"examples and variance components find with 80% power at alpha/{len(found)}; the components are those "
-             f"of its paired differences.", "",
-             *table(header, cells),
+             f"of its paired differences. A contrast pools its pairs (its two cells on one seed) across run kinds; "
+             f"a pair whose two cells ran on different kinds is refused.", "",
+             *table(header, cells), "",
+             *kinds.markdown([(e["contrast"]["name"], e["split"]) for e in controls + found]),
              *(["", f"Left out as repeating the configuration and seed of another record (the last by folder "
                     f"stands): {', '.join(repeats)}"] if repeats else [])]
     return rows, "\n".join(lines) + "\n"

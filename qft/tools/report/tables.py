@@ -33,7 +33,7 @@ def _vs(r, versus) -> str:
     if r.vs_ref < 0 or not r.vs_verdict:
         return ""
     if r.vs_verdict == "not comparable":
-        return "not comparable (kinds of execution differ)"
+        return "not comparable (too few pairs on one kind)"
     return (f"{r.vs_diff:+.3f} [{r.vs_low:+.3f}, {r.vs_high:+.3f}] p_adj {r.vs_p_adj:.2g}, TOST p_adj "
             f"{r.vs_p_tost_adj:.2g} {r.vs_verdict}")
 
@@ -69,6 +69,10 @@ def markdown(g, df, versus: dict | None = None, within: tuple = (), margin: floa
             + "A study's declared contrasts are in contrasts.md.")
     tail = [f"- {r.run_dir}: {r.status} {r.error or ''}" for _, r in failed.iterrows()]
     notes = _provenance(df[df.status == "ok"])
+    if "vs_refused" in g:
+        notes += [f"- pairs refused in the comparison of {', '.join(f'{c} {r[c]}' for c in cols[1:-1]) or r.cell_key} "
+                  f"with the {'reference' if versus else 'best'}, their two cells on different run kinds: {r.vs_refused}"
+                  for _, r in g.iterrows() if r.vs_refused]
     return "\n".join([head, "", *lines, *([""] + notes if notes else []), *([""] + tail if tail else [])]) + "\n"
 
 
@@ -79,12 +83,12 @@ def classes_markdown(g, df) -> str | None:
     names = [c for c in ok.columns if c.startswith("acc_class_")]
     if not names:
         return None
-    means = ok.groupby("config_key")[names].mean()
-    seeds = ok.groupby("config_key")[names[0]].count()  # seeds with predictions behind each mean
+    means = ok.groupby("cell_key")[names].mean()
+    seeds = ok.groupby("cell_key")[names[0]].count()  # seeds with predictions behind each mean
     cols = ["adapted", *[c for c in AXES.values() if c in g.columns and g[c].nunique() > 1]]
-    rows = [[*(str(r[c]) if not isinstance(r[c], float) else f"{r[c]:g}" for c in cols), 1 if r.n_seeds == 1 else seeds[r.config_key],
-             *("" if math.isnan(means.loc[r.config_key, n]) else f"{means.loc[r.config_key, n]:.3f}" for n in names)]
-            for _, r in g.iterrows() if r.config_key in means.index]
+    rows = [[*(str(r[c]) if not isinstance(r[c], float) else f"{r[c]:g}" for c in cols), 1 if r.n_seeds == 1 else seeds[r.cell_key],
+             *("" if math.isnan(means.loc[r.cell_key, n]) else f"{means.loc[r.cell_key, n]:.3f}" for n in names)]
+            for _, r in g.iterrows() if r.cell_key in means.index]
     head = ("Accuracy on each class of the test split (recall: the share of its documents labelled right; the class's "
             "documents in brackets), mean over the n seeds with predictions; descriptive, no verdicts: in a class of d documents "
             "one document moves recall by 1/d (0.1 in a class of 10), so small classes move in large steps.")
@@ -100,7 +104,8 @@ def _provenance(ok) -> list[str]:
     kinds = sorted({str(k) if isinstance(k, str) else "not recorded" for k in ok.get("run_kind", [])})
     if len(kinds) > 1:
         notes.append(f"- these records span kinds of execution (GPU or CPU, threads, compute dtype, fusion, pipeline "
-                     f"layout, torch, eval batch): {'; '.join(kinds)}; no comparison mixes them")
+                     f"layout, torch, eval batch): {'; '.join(kinds)}; a comparison pools pairs (the two cells of one "
+                     "seed) across kinds, never a pair whose two cells ran on different kinds (those are left out)")
     elif kinds == ["not recorded"] and len(ok):
         notes.append(f"- none of these {len(ok)} records names what executed it (made before qft recorded it): their "
                      "comparisons assume one machine, thread count and compute dtype")
