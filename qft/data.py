@@ -393,12 +393,19 @@ def _check_room(cfg, frame: int, longest: int, room: int) -> None:
                        f"for the text")
 
 
+def _adds_bos(tokenizer) -> bool:
+    """Whether the tokenizer starts a text with BOS: its `add_bos_token`, or its own encoding (Gemma's, converted from
+    a GGUF, adds it in its post-processor with the flag unset, and Gemma reads badly without it)."""
+    bos = tokenizer.bos_token_id
+    return bos is not None and (bool(getattr(tokenizer, "add_bos_token", False)) or tokenizer("a")["input_ids"][:1] == [bos])
+
+
 def _frame_ends(cfg, tokenizer, label_words: list[str]) -> tuple[str, str, list[int], list[int]]:
     """The prompt's text and token ids before and after the example text."""
     instruction = cfg.instruction.format(labels=", ".join(label_words)) if cfg.instruction else None
     before, after = _template(tokenizer, instruction)
     prefix, suffix = _encode(tokenizer, before), _encode(tokenizer, after)
-    if tokenizer.bos_token_id is not None and getattr(tokenizer, "add_bos_token", False) and not tokenizer.chat_template:
+    if not tokenizer.chat_template and _adds_bos(tokenizer):
         prefix = [tokenizer.bos_token_id] + prefix
     return before, after, prefix, suffix
 

