@@ -2,6 +2,7 @@
 blocks of README.md, benchmarks/README.md and experiments/**/*.md composes (every grid point of a multirun, and of an
 experiment's sweeper grid), passes the run's own validation, and parses with its tool's own parser."""
 
+import contextlib
 import itertools
 import re
 import shlex
@@ -433,24 +434,35 @@ def test_finding2s_lanes_refuse_a_cpu_without_amx(tmp_path):
     assert got.stderr.splitlines() == [got.stderr.strip()] and got.stderr.startswith("start.sh: error: this CPU has no")
 
 
-def test_finding2s_lanes_refuse_to_start_twice(tmp_path):
-    """Lanes already running (here a stand-in process named as one) are not started again, on an AMX CPU too."""
+@contextlib.contextmanager
+def stand_in(name: str):
+    """A process that carries `name` on its command line (as a running lane or run would) while the block runs."""
+    import os
     import subprocess
     import time
 
-    cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text("flags\t\t: fpu avx2 amx_bf16 amx_tile\n")
-    lane = subprocess.Popen(["bash", "-c", 'exec -a "bash experiments/finding2/lanes/lane.sh A stand-in" sleep 60'])
+    token = f"stand-in-{os.getpid()}-{time.monotonic_ns()}"
+    proc = subprocess.Popen(["bash", "-c", f'exec -a "{name} {token}" sleep 60'])
     try:
         for _ in range(100):  # until the stand-in carries its name
-            if subprocess.run(["pgrep", "-f", "lane.sh A stand-in"], capture_output=True).returncode == 0:
+            if subprocess.run(["pgrep", "-f", token], capture_output=True).returncode == 0:
                 break
             time.sleep(0.05)
+        yield proc
+    finally:
+        proc.kill()
+
+
+def test_finding2s_lanes_refuse_to_start_twice(tmp_path):
+    """Lanes already running (here a stand-in process named as one) are not started again, on an AMX CPU too."""
+    import subprocess
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("flags\t\t: fpu avx2 amx_bf16 amx_tile\n")
+    with stand_in("bash experiments/finding2/lanes/lane.sh A"):
         got = subprocess.run(["bash", str(LANES / "start.sh"), "--prepare"], cwd=ROOT, capture_output=True, text=True,
                              timeout=60, env={"PATH": "/usr/bin:/bin", "CPUINFO": str(cpuinfo),
                                               "WORKTREE": str(tmp_path / "wt")})
-    finally:
-        lane.kill()
     assert got.returncode == 2 and got.stdout == "" and not (tmp_path / "wt").exists()
     assert got.stderr.splitlines() == [got.stderr.strip()] and "running already" in got.stderr
 
@@ -512,18 +524,10 @@ def test_the_gates_lanes_refuse_to_start_twice(tmp_path):
     """Runs of the gate already going (here a stand-in process named as one) are not started again, and no pinned
     checkout is made."""
     import subprocess
-    import time
 
-    run = subprocess.Popen(["bash", "-c", 'exec -a "python -m qft +experiment=sensitivity_gate stand-in" sleep 60'])
-    try:
-        for _ in range(100):  # until the stand-in carries its name
-            if subprocess.run(["pgrep", "-f", "sensitivity_gate stand-in"], capture_output=True).returncode == 0:
-                break
-            time.sleep(0.05)
+    with stand_in("python -m qft +experiment=sensitivity_gate"):
         got = subprocess.run(["bash", "experiments/sensitivity_gate/run.sh", "--prepare"], cwd=ROOT,
                              capture_output=True, text=True, timeout=60,
                              env={"PATH": "/usr/bin:/bin", "GATE_CHECKOUT": str(tmp_path / "wt")})
-    finally:
-        run.kill()
     assert got.returncode == 2 and got.stdout == "" and not (tmp_path / "wt").exists()
     assert got.stderr.splitlines() == [got.stderr.strip()] and "running already" in got.stderr
