@@ -232,7 +232,8 @@ def test_paper_scale_validates_with_every_experiment():
 
     sized = [f.stem for f in (Path(config.CONF) / "experiment").glob("[!_]*.yaml") if "/scale" in f.read_text()]
     assert len(sized) >= 10
-    protocols = {"finding1", "finding1_pilot", "finding2", "finding2_pilot", "finding3", "allocator_check"}
+    protocols = {"finding1", "finding1_pilot", "finding2", "finding2_pilot", "finding3", "allocator_check",
+                 "sensitivity_gate"}
     for name in sized:  # every experiment but smoke, which checks the machinery on tiny_llama
         cfg = config.compose([f"+experiment={name}", "scale=paper"], "test")
         assert cfg is not None, name
