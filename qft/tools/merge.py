@@ -20,7 +20,7 @@ import torch
 
 from qft import layers, model, quant
 from qft.errors import QftError, fail
-from qft.tools.predict import read_run
+from qft.tools.predict import adapter_folder, read_run
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # offline, as `python -m qft` (qft/__main__.py says why)
 
@@ -30,13 +30,9 @@ def merge(run_dir: Path, out_dir: Path) -> int:
     from peft import PeftModel
 
     rec, cfg = read_run(run_dir, classification=False)
-    adapter = Path(rec.get("adapter_dir") or run_dir / "adapter")
     if not rec.get("adapter_dir"):
         raise QftError("RUN_DIR", str(run_dir), "the run trained no adapter (rank 0 everywhere): its base is the model")
-    if not (adapter / "adapter_config.json").is_file():
-        adapter = run_dir / "adapter"  # the run directory was moved since: its own adapter folder
-    if not (adapter / "adapter_config.json").is_file():
-        raise QftError("RUN_DIR", str(run_dir), "its adapter/adapter_config.json is missing")
+    adapter = adapter_folder(run_dir, rec, "adapter_config.json")
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise QftError("OUT_DIR", str(out_dir), "a new or empty folder")
     source = model.resolve(cfg.model, cfg.cache_dir)

@@ -38,6 +38,15 @@ def read_run(run_dir: Path, classification: bool = True):
     return rec, cfg
 
 
+def adapter_folder(run_dir: Path, rec: dict, name: str) -> Path:
+    """The run's adapter folder holding `name`: where its record says, else the run directory's own adapter/ (the
+    run directory was moved since it ran); a QftError where neither holds it."""
+    for folder in (Path(rec.get("adapter_dir") or run_dir / "adapter"), run_dir / "adapter"):
+        if (folder / name).is_file():
+            return folder
+    raise QftError("RUN_DIR", str(run_dir), f"its adapter/{name} is missing")
+
+
 def load(run_dir: Path):
     """The run's model (quantized base + its trained adapter), tokenizer, config and label words, for scoring."""
     from peft import set_peft_model_state_dict
@@ -47,12 +56,8 @@ def load(run_dir: Path):
     device = torch.device(config.device(cfg))
     source = model.resolve(cfg.model, cfg.cache_dir)
     built = run.build(cfg, source, device)
-    weights = Path(rec.get("adapter_dir") or run_dir / "adapter") / "adapter_model.safetensors"
     if built.params["total"]:
-        if not weights.is_file():
-            weights = run_dir / "adapter" / "adapter_model.safetensors"
-        if not weights.is_file():
-            raise QftError("RUN_DIR", str(run_dir), "its adapter/adapter_model.safetensors is missing")
+        weights = adapter_folder(run_dir, rec, "adapter_model.safetensors") / "adapter_model.safetensors"
         missing = set_peft_model_state_dict(built.model, load_file(str(weights))).unexpected_keys
         if missing:
             raise QftError("RUN_DIR", str(run_dir), f"the saved adapter does not fit the rebuilt model: {missing[:3]}")
