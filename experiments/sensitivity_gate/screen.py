@@ -16,6 +16,7 @@ import yaml
 from scipy import stats
 
 from qft import frame, record
+from qft.tools.power import runs
 
 HERE = Path(__file__).parent
 
@@ -49,7 +50,7 @@ def main(argv: list[str]) -> int:
     rule = plan["rule"]
     candidates = plan["candidates"] + plan.get("candidates_amended", [])
     cells: dict = {}
-    for run_dir, rec in _records(folder):
+    for run_dir, rec in runs([folder]):  # every ok record, of any run kind (checked pair by pair below)
         name = candidate_of(rec, candidates)
         a = rec["config"]["adapter"]
         ex = (record.read_examples(run_dir, rec) or {}).get("final.test")
@@ -82,14 +83,6 @@ def main(argv: list[str]) -> int:
                       f"{r['n']} ({r['discordant']:.3f}) | {sizes['train']} / {sizes['val']} | {'passes' if passed else 'fails'} | {kinds.pop()} | "
                       f"{curve} |")
     return 0
-
-
-def _records(folder: str):
-    """Every ok record under the folder, of any run kind (the kinds are checked pair by pair above)."""
-    for f in sorted(Path(folder).rglob(record.RECORD)):
-        rec = record.read(f.parent)
-        if rec and rec.get("status") == "ok":
-            yield f.parent, rec
 
 
 if __name__ == "__main__":
