@@ -81,6 +81,7 @@ def simulated_study(rng, seeds=3, examples=200, delta=0.03, binary=True):
     return q + delta / 2 + b / 2 + u[0] + noise[0], q - delta / 2 - b / 2 + u[1] + noise[1]
 
 
+@pytest.mark.reproduce  # simulated studies: the test's size or coverage (make reproduce)
 @pytest.mark.parametrize("binary,delta", [(True, 0.03), (True, 0.0), (False, 0.05)])
 def test_paired_intervals_cover_a_known_effect(binary, delta, monkeypatch):
     """Never anticonservative (>= 0.93); at 3 seeds the seed mean square has 2 degrees of freedom, so where seed
@@ -229,6 +230,7 @@ def test_macro_f1_and_per_class_accuracy_by_hand():
     assert got["macro_f1_test"] == pytest.approx((0.8 + 0.5 + 2 / 3) / 3)
 
 
+@pytest.mark.reproduce  # simulated studies: the test's size or coverage (make reproduce)
 def test_paired_intervals_cover_with_a_thousand_examples_and_seed_noise(monkeypatch):
     """The committed design's shape with a large test split, where the seed term matters: 3 seeds, 1,000 examples."""
     monkeypatch.setattr(stats, "GPQ_DRAWS", 2000)
@@ -284,6 +286,7 @@ def test_a_difference_beyond_the_margin_says_so():
     assert c.p_beyond_adj == pytest.approx(min(1.0, 3 * c.p_beyond))
 
 
+@pytest.mark.reproduce  # simulated studies: the test's size or coverage (make reproduce)
 def test_the_beyond_margin_test_holds_its_level_at_the_margin():
     """The t form against its own model: at a true difference of exactly ±margin it rejects alpha of the time (4,000
     studies: binomial SE 0.0034, the band +-3 SE), where each side's one-sided test doubled gave about alpha/2 and a
@@ -312,6 +315,7 @@ def test_a_non_finite_standard_error_makes_no_claim():
     assert stats._finish(0.01, 0.0, 3, 0.02, "x", 3).verdict == "differs"  # identical paired differences: exact
 
 
+@pytest.mark.reproduce  # simulated studies: the test's size or coverage (make reproduce)
 def test_a_true_null_is_rejected_at_most_at_its_level_at_the_holm_step(monkeypatch):
     """Verdicts are made at alpha/6, not at 95%: where the seed part of the paired difference is about 4x the rest, a
     Satterthwaite t (its df estimated from the same mean squares as its SE) rejected a true null at 0.020 here against
@@ -352,6 +356,7 @@ def test_a_paired_comparison_says_what_its_own_design_can_find():
     assert stats.detectable(stats.welch([0.7, 0.72, 0.71], [0.69, 0.7, 0.68]), 0.05) is None  # no components
 
 
+@pytest.mark.reproduce  # simulated studies: the test's size or coverage (make reproduce)
 @pytest.mark.parametrize("seed_var,example_var,residual", [(7e-5, 0.0, 0.02), (2.4e-4, 1.5e-3, 0.028)],
                          ids=["finding1-contrast1", "finding3-int8"])
 def test_the_equivalence_test_holds_its_level_at_the_margin(monkeypatch, seed_var, example_var, residual):
