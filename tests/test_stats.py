@@ -131,24 +131,27 @@ def test_power_at_few_seeds_and_a_large_effect_is_a_number_not_nan():
     assert math.isfinite(eq) and 0.5 < eq < 1
 
 
-def test_power_cli_on_records_without_per_example_scores():
-    res = subprocess.run([sys.executable, "-m", "qft.tools.power", "results/rank_sweep/runs", "--delta", "0.02"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0, res.stderr
-    assert "no per-example scores" in res.stdout and "| 200 |" in res.stdout
+def test_power_cli_on_records_without_per_example_scores(monkeypatch, capsys):
+    """The command line as a process once (its exit status and one line), then its main in this process."""
+    from qft.tools import power
+
     bad = subprocess.run([sys.executable, "-m", "qft.tools.power", "/no/such/folder"], cwd=ROOT, capture_output=True,
                          text=True, timeout=120)
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
         "qft.tools.power: error: RECORDS='/no/such/folder': a folder of result records (result.json) or one record"]
+    monkeypatch.chdir(ROOT)
+    assert power.main(["results/rank_sweep/runs", "--delta", "0.02"]) == 0
+    out = capsys.readouterr().out
+    assert "no per-example scores" in out and "| 200 |" in out
     for args, line in ((["results/rank_sweep/runs", "--simulate", "3"], "--simulate=3: records with per-example scores "
                         "(it simulates the paired test)"), (["results/rank_sweep/runs", "--simulate", "1"],
                                                             "--simulate=1: an integer >= 2 (seeds)")):
-        bad = subprocess.run([sys.executable, "-m", "qft.tools.power", *args], cwd=ROOT, capture_output=True, text=True,
-                             timeout=120)
-        assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [f"qft.tools.power: error: {line}"]
+        assert power.main(args) == 2
+        got = capsys.readouterr()
+        assert got.err.strip().splitlines() == [f"qft.tools.power: error: {line}"] and not got.out
 
 
-def test_power_pools_pairs_across_run_kinds_and_leaves_out_a_pair_across_two(tmp_path):
+def test_power_pools_pairs_across_run_kinds_and_leaves_out_a_pair_across_two(tmp_path, capsys):
     """A study's pilot restarted on another CPU (finding 2's was): the planner reads it as the report does, a pair (two
     cells of one seed) on one run kind and pairs pooled across kinds; a pair whose two cells ran on different kinds is
     left out and named, never pooled as one comparison."""
@@ -180,10 +183,8 @@ def test_power_pools_pairs_across_run_kinds_and_leaves_out_a_pair_across_two(tmp
     key = next(k for k, c in configs.items() if c[0][4] == moved)
     without = {k: ({s: v for s, v in c.items() if s != 0} if k == key else c) for k, c in configs.items()}
     assert power.components(configs)[0] == pytest.approx(power.components(without)[0], rel=1e-12)
-    got = subprocess.run([sys.executable, "-m", "qft.tools.power", str(tmp_path / "runs")], cwd=ROOT,
-                         capture_output=True, text=True, timeout=300)
-    assert got.returncode == 0, got.stderr
-    lines = got.stdout.splitlines()
+    assert power.main([str(tmp_path / "runs")]) == 0
+    lines = capsys.readouterr().out.splitlines()
     assert lines[1].startswith("records of 3 run kinds (") and "pairs (two cells of one seed) pool across kinds" in lines[1]
     assert lines[2].startswith("left out, their two cells on different run kinds: 7 pairs (seed 0: ")
 
@@ -202,13 +203,12 @@ def test_power_prices_scoring_from_runs_made_in_one_invocation():
     assert power.hours_per_run([(None, resumed)], "amx_bf16")[1] == 0.0  # only resumed runs: never below nothing
 
 
-def test_power_cli_simulates_the_reports_own_test_at_the_chosen_seeds():
+def test_power_cli_simulates_the_reports_own_test_at_the_chosen_seeds(monkeypatch, capsys):
     from qft.tools import power
 
-    got = subprocess.run([sys.executable, "-m", "qft.tools.power", "results/rank_sweep_r8_format2/runs", "--simulate", "3",
-                          "--studies", "40", "--family", "4"], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert got.returncode == 0, got.stderr
-    line = got.stdout.strip().splitlines()[-1]
+    monkeypatch.chdir(ROOT)
+    assert power.main(["results/rank_sweep_r8_format2/runs", "--simulate", "3", "--studies", "40", "--family", "4"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
     assert line.startswith("Simulated power of the report's own test (generalized interval) to find 0.02 at 0.0125, "
                            "3 seeds x 200 examples, 40 studies")
     comp, _, _ = power.components(power.by_config(power.runs(["results/rank_sweep_r8_format2/runs"]), "accuracy"))
