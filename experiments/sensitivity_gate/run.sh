@@ -9,7 +9,7 @@
 #   bash experiments/sensitivity_gate/run.sh [confirm]  # --prepare: make the checkout, start nothing
 set -euo pipefail
 repo=$PWD
-CONFIRM_COMMIT=5176013
+CONFIRM_COMMIT=b8e49f7
 jobs=jobs.txt
 commit=93e4679
 if [ "${1:-}" = "confirm" ]; then jobs=confirm.txt; commit=$CONFIRM_COMMIT; shift; fi
