@@ -2,7 +2,7 @@
 # Start, or restart, the gate's two lanes, from the repository root. Each lane runs its lines of the stage's jobs file
 # in order at 1 thread: the screen's (jobs.txt) from a checkout pinned at qft 93e4679, the commit that declared
 # plan.yaml; the confirmation's (confirm.txt, `run.sh confirm`) from one pinned at CONFIRM_COMMIT, the commit of
-# plan.yaml's amendment of 2026-12-07 08:45 UTC (GATE_COMMIT overrides either; GATE_CHECKOUT, default beside this
+# plan.yaml's amendment of 2026-12-07 08:25 UTC (GATE_COMMIT overrides either; GATE_CHECKOUT, default beside this
 # repository), with this checkout's .venv (PYTHON); the records land in this checkout's
 # results/sensitivity_gate/runs, where a done run is skipped and a killed one resumes from its checkpoint, so a
 # restart is the same command. Output and the lanes' start/end lines go to $TMPDIR (default /tmp).
