@@ -20,28 +20,16 @@ from pathlib import Path
 import numpy as np
 from omegaconf import OmegaConf
 
-from qft import atomic, data, model
+from qft import atomic, data, model, schema
 
 RECORD = "result.json"
 SCHEMA = 2
-# Keys that change how a run is executed, resumed, logged, evaluated along the way or swept, not what it computes
-# (the speed and memory switches are tested to give the same losses and gradients; the evaluation keys to give the
-# same loss curve and adapter).
-_NOT_HASHED = {("train", "resume"), ("train", "stop_after_steps"), ("train", "host_allocator"), ("train", "eval_every"),
-               ("train", "fuse_projections"), ("train", "compiled_masks"), ("train", "compiled_sums"),
-               ("train", "compiled_rope"), ("train", "split_rows"), ("train", "checkpoint_every"), ("train", "eval_batch_size"),
-               ("train", "zero_shot"), ("experiment",), ("cache_dir",), ("sweep",), ("grid",), ("logger",),
-               ("quant", "cache_dequantized"), ("quant", "cache_quantized"), ("offload",),
-               ("budget", "bits_records")}  # read by python -m qft.budget only, never by a run
-# Keys added after records existed, at the value that meant the behaviour before them: a record's config that
-# lacks one is hashed with it, so the report still pools such records with newer ones of the same computation.
-_THEN = {("adapter", "dropout_mask"): "torch"}
-# Keys added after records existed whose default computes what was computed before them: at that value they are left
-# out of the hash, so earlier records (and checkpoints of runs in flight) still match a config that has them.
-_ABSENT_AT = {("adapter", "shared_dropout"): False, ("quant", "attention_dtype"): "compute",
-              ("data", "test_stream"): "shared"}
-# Settings applied in the order written, the later winning: their order is part of what a run computes.
-_ORDERED = (("adapter", "depth_groups"), ("quant", "depth_groups"))
+# What the hash leaves out, what an older record lacking a key is hashed with, what is left out at the value that
+# computed what came before, and which settings keep their order: each declared with its key in qft.schema.
+_NOT_HASHED = schema.not_hashed()
+_THEN = schema.hashed_with()
+_ABSENT_AT = schema.hashed_without()
+_ORDERED = schema.ORDERED
 
 
 def resolved(cfg) -> dict:
