@@ -44,14 +44,14 @@ def inputs(cfg) -> dict:
     out = {"data_format": data.FORMAT}
     if cfg.data.source == "local" and cfg.data.path:
         out["data_file"] = model.content_digest(Path(os.path.expanduser(str(cfg.data.path))), cache)
-    if cfg.model.get("path"):
+    if cfg.model.path:
         out["model_files"] = model.content_digest(Path(os.path.expanduser(str(cfg.model.path))), cache)
-    elif cfg.model.get("source") == "pypi_gguf":
+    elif cfg.model.source == "pypi_gguf":
         spec = importlib.util.find_spec(cfg.model.package)
         if spec is not None and spec.origin is not None:
             out["model_files"] = model.packaged_digest(cfg.model.package, cfg.model.file, cache)
-    b = cfg.get("budget") or {}
-    if b.get("params") is not None and b.get("method") == "fitted" and b.get("records"):
+    b = cfg.budget
+    if b.params is not None and b.method == "fitted" and b.records:
         folder = Path(os.path.expanduser(str(b.records)))
         out["budget_records"] = hashlib.sha256("".join(
             f"{p.relative_to(folder)}:{model.content_digest(p, cache)}\n" for p in sorted(folder.rglob(RECORD))
@@ -201,8 +201,8 @@ def execution(cfg) -> dict:
     cpu, kind = cpu_kind()
     return {**_CODE, "qft_version": versions_of(("qft",))["qft"], "cpu": cpu, "cpu_id": cpu_id(),
             "cpu_kind": kind, "threads": torch.get_num_threads(), "compute_dtype": cfg.quant.compute_dtype,
-            "fuse_projections": bool(cfg.train.get("fuse_projections", False)),
-            **{k: bool(cfg.train.get(k, False)) for k in SWITCHES}, "torch": torch.__version__,
+            **{k: bool(v) for k, v in schema.accel_switches(cfg, "cpu").items() if k in ("fuse_projections", *SWITCHES)},
+            "torch": torch.__version__,
             "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from qft import adapter as A
-from qft import budget, quant
+from qft import budget, quant, schema
 from qft import layers as L
 from qft.errors import QftError
 from qft.model import DTYPES
@@ -183,15 +183,15 @@ def resolve(cfg, source=None, answer_tokens: int | None = None, answer_rows: int
     if answer_tokens is None:
         answer_tokens = ANSWER_TOKENS if cfg.data.task == "classification" else cfg.data.max_length // 2
     dtype = _compute_dtype(cfg.quant.compute_dtype, device)
+    accel = schema.accel_switches(cfg, getattr(device, "type", device))
     return Resolved(cfg.model.name, shape, projections, quant.plan(cfg.quant, projections), ranks, biased, embed,
                 layer_other, head, tied, device, dtype, DTYPES[dtype].itemsize,
-                float(cfg.adapter.dropout) > 0, bool(cfg.quant.get("cache_dequantized", False)),
+                float(cfg.adapter.dropout) > 0, bool(accel["cache_dequantized"]),
                 bool(cfg.train.gradient_checkpointing), cfg.train.optimizer, int(cfg.train.batch_size),
                 int(cfg.data.max_length), int(answer_tokens), answer_rows, padded,
-                int(cfg.train.eval_batch_size), off, fast_mask=cfg.adapter.get("dropout_mask", "torch") == "fast",
-                shared_dropout=bool(cfg.adapter.get("shared_dropout", False)),
-                fused=bool(cfg.train.get("fuse_projections", False)),
-                attention_fp32=cfg.quant.get("attention_dtype", "compute") == "fp32")
+                int(cfg.train.eval_batch_size), off, fast_mask=cfg.adapter.dropout_mask == "fast",
+                shared_dropout=bool(cfg.adapter.shared_dropout), fused=bool(accel["fuse_projections"]),
+                attention_fp32=cfg.quant.attention_dtype == "fp32")
 
 
 # ----------------------------------------------------------------------------------------------- fixed bytes

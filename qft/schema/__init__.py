@@ -163,3 +163,15 @@ def loaded(config: dict) -> dict:
         if isinstance(node, dict) and name not in node:
             node[name] = copy.deepcopy(k.before)
     return conf
+
+
+def accel_switches(cfg, device: str = "cpu") -> dict:
+    """The speed switches outside the hash (fusion, compiled loops, split rows, the host allocator, the quantized
+    and dequantized caches) as a run on `device` ("cpu" or "cuda") reads them: {name: value}. The one place the CPU
+    speed layer reads them from."""
+    return {k.path.split(".")[-1]: cfg[k.path.split(".")[0]][k.path.split(".")[-1]] for k in keys().values()
+            if k.path in ACCEL}
+
+
+ACCEL = ("train.host_allocator", "train.fuse_projections", "train.compiled_masks", "train.compiled_sums",
+         "train.compiled_rope", "train.split_rows", "quant.cache_quantized", "quant.cache_dequantized")
