@@ -12,7 +12,7 @@ import functools
 from typing import Any
 
 from qft.schema import groups as G
-from qft.schema.spec import NONE, Key, keys_of
+from qft.schema.spec import NONE, Key, keys_of, undocumented  # noqa: F401  (undocumented: for the schema's test)
 
 # Hydra config group -> its schemas, by the name a preset's defaults list extends (conf/train/cpu_small.yaml:
 # `defaults: [_schema, _self_]`). A group whose presets differ in shape has one schema per shape.
@@ -81,6 +81,12 @@ def keys() -> dict[str, Key]:
             for k in keys_of(cls, f"{group}."):
                 out.setdefault(k.path, k)
     return out
+
+
+def classes() -> list:
+    """Every schema class, nested ones (a layer type's settings, a random model's tokenizer) included."""
+    out = [*TOP.values(), *(c for s in GROUPS.values() for c in s.values())]
+    return out + [k.of for k in keys().values() if k.of is not None and k.of not in out]
 
 
 def sections() -> dict[str, list]:

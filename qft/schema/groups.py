@@ -87,7 +87,7 @@ class Data:
     test_size: int | None = key(200, "test examples (null on a local file: from its rows)")
     split_seed: int = key(0, "the seed of the train/val/test draw", Int())
     stratify: str = key("balanced", "balanced: round-robin across labels; proportional: each label's share",
-                        Choice(("balanced", "proportional")))
+                        Choice(("balanced", "proportional")), before="balanced")
     test_stream: str = key("shared", "an official test split's draw: shared (test_size moves train/val) or own",
                            Choice(("shared", "own")), before="shared", old_hash="without")
     max_length: int = key(64, "the prompt's token budget, label included", Int(8))
@@ -226,13 +226,14 @@ class Budget:
                            Num(above=0, below=1, what="a fraction in (0, 1)"))
     grid: list = key([0, 1, 2, 4, 8, 16, 32, 64], "ranks listed by python -m qft.budget")
     method: str = key("shares", "shares (split by budget.shares), uniform (one rank everywhere), fitted (a fit's best)",
-                      Choice(("shares", "uniform", "fitted")))
-    records: str | None = key(None, "fitted: a folder of result records to fit")
-    records_data: str | None = key(None, "fitted: the dataset (data.source) whose records to fit")
+                      Choice(("shares", "uniform", "fitted")), before="shares")
+    records: str | None = key(None, "fitted: a folder of result records to fit", before=None)
+    records_data: str | None = key(None, "fitted: the dataset (data.source) whose records to fit", before=None)
     max_rank: int | None = key(None, "fitted: the largest rank proposed (null: the largest measured)",
-                               Int(1, null=True, what="an integer >= 1, or null (the largest rank measured)"))
+                               Int(1, null=True, what="an integer >= 1, or null (the largest rank measured)"),
+                               before=None)
     bits_records: str | None = key(None, "a folder of bits-sweep records: python -m qft.budget proposes bits too",
-                                   hashed=False)
+                                   hashed=False, before=None)
 
 
 @dataclass

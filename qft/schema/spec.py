@@ -143,3 +143,9 @@ def keys_of(cls, prefix: str) -> list[Key]:
                        m.get("off", NONE), m["check"].values if isinstance(m.get("check"), Choice) else None,
                        m.get("of")))
     return out
+
+
+def undocumented(cls) -> list[str]:
+    """The fields of `cls` without one line of help (a field not made by key() has none)."""
+    return [f.name for f in dataclasses.fields(cls)
+            if not str(f.metadata.get("help") or "").strip() or "\n" in str(f.metadata.get("help"))]
