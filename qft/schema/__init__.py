@@ -83,6 +83,12 @@ def keys() -> dict[str, Key]:
     return out
 
 
+def defaults(section: str) -> dict:
+    """A section's keys at their defaults (its first shape's), for code that builds a config without Hydra."""
+    cls = TOP[section] if section in TOP else next(iter(GROUPS[section].values()))
+    return {k.path: k.default for k in keys_of(cls, "")}
+
+
 def classes() -> list:
     """Every schema class, nested ones (a layer type's settings, a random model's tokenizer) included."""
     out = [*TOP.values(), *(c for s in GROUPS.values() for c in s.values())]
