@@ -46,7 +46,8 @@ def test_cache_dequantized_changes_no_numbers(preset):
                                           ("nf4", ["quant.cache_dequantized=true"])])
 def test_quantized_base_cache_rebuilds_the_same_model(preset, extra, tmp_path, monkeypatch):
     where = quant.cache_file
-    monkeypatch.setattr(quant, "cache_file", lambda cfg, layers, fp, dev, _: where(cfg, layers, fp, dev, tmp_path))
+    monkeypatch.setattr(quant, "cache_file",
+                        lambda cfg, layers, fp, dev, _, *dequantized: where(cfg, layers, fp, dev, tmp_path, *dequantized))
     over = [f"quant={preset}", *extra]
     _, ref_loss, ref_grads, ref_logits = loss_grads_logits(*over, "quant.cache_quantized=false")
     assert not list(tmp_path.glob("quantized/*"))
