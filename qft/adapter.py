@@ -154,7 +154,7 @@ def mark_quantized(model: nn.Module) -> None:
 
 class _MaskedScale(torch.autograd.Function):
     """x * keep / (1 - p) with keep = lanes >= threshold, keeping only the 1-byte mask for backward (torch's dropout
-    keeps a mask in x's dtype). Compiled (`train.compiled_masks`, qft.kernels): one pass, and where the output feeds
+    keeps a mask in x's dtype). Compiled (`accel.compiled_masks`, qft.kernels): one pass, and where the output feeds
     one matmul under bf16 autocast (`cast`) it is already the bf16 copy autocast would make of it, so the gradient
     comes back in bf16 and is widened in the same pass as it is masked: the same bits as the torch ops below. Not
     where several matmuls read one dropped input (adapter.shared_dropout): autograd would sum their gradients in
@@ -238,7 +238,7 @@ def draws(n: int, device: torch.device, compiled: bool) -> torch.Tensor:
 
 
 def compile_masks(model: nn.Module) -> list:
-    """Run every fast dropout mask of the model as one compiled pass (`train.compiled_masks`, qft.kernels): the same
+    """Run every fast dropout mask of the model as one compiled pass (`accel.compiled_masks`, qft.kernels): the same
     bits in fewer passes. Compiles (or loads numba's cached build) here, before any step, keeping torch's thread
     count. Returns the masks; none where numba is not installed, and torch's ops run as without."""
     try:

@@ -136,7 +136,9 @@ def job_keys(hydra_cfg) -> dict[str, frozenset] | None:
     return chosen([*hydra_cfg.overrides.hydra, *hydra_cfg.overrides.task], hydra_cfg.job.config_name)
 
 
-def _unknown(path: str, keys: dict[str, frozenset] | None = None) -> str:
+def _unknown(path: str, keys: dict[str, frozenset] | None = None, key: str | None = None) -> str:
+    if key in schema.RETIRED:  # an older record's name for it
+        return f"moved to {schema.RETIRED[key]}"
     return f"unknown key; allowed under {path or 'the top level'}: {', '.join(sorted((keys or declared())[path]))}"
 
 
@@ -154,7 +156,7 @@ def check_keys(cfg, path: str = "", keys: dict[str, frozenset] | None = None) ->
     for key, value in cfg.items_ex(resolve=False):
         where = f"{path}.{key}" if path else str(key)
         if key not in declared()[path]:
-            raise QftError(where, value, _unknown(path))
+            raise QftError(where, value, _unknown(path, key=where))
         if keys is not None and key not in keys[path]:
             raise QftError(where, value, _elsewhere(where) or _unknown(path, keys))
         if isinstance(value, DictConfig) and where in declared() and (keys is None or where in keys):
@@ -178,7 +180,7 @@ def one_line(e: Exception) -> str:
         if path in OPEN or allowed is None:
             break
         if part not in allowed:
-            return f"{m.group(1)}: {_unknown(path)}"
+            return f"{m.group(1)}: {_unknown(path, key=m.group(1))}"
         path = f"{path}.{part}" if path else part
     elsewhere = _elsewhere(m.group(1)) if m else None
     if elsewhere:

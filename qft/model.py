@@ -375,7 +375,7 @@ def attention_dtype(model, name: str) -> None:
 
 
 class _Rope(torch.autograd.Function):
-    """HF's rotary embedding of q and k as one compiled pass each, forward and backward (`train.compiled_rope`,
+    """HF's rotary embedding of q and k as one compiled pass each, forward and backward (`accel.compiled_rope`,
     qft.kernels.rope): the same bits as its ten ops forward and fourteen backward (a NaN's sign aside), outputs and
     gradients laid out as they lay them out (a norm's weight gradient behind q sums in that layout's order)."""
 
@@ -472,7 +472,7 @@ def _rope_is_hfs(func) -> bool:
 
 def compile_rope(model) -> list:
     """Run each attention module's rotary embedding as one compiled pass forward and one backward
-    (`train.compiled_rope`, qft.kernels): on the CPU HF's ops make ten passes forward and fourteen backward over
+    (`accel.compiled_rope`, qft.kernels): on the CPU HF's ops make ten passes forward and fourteen backward over
     q and k, about 2-3% of a SmolLM2 step (benchmarks/README.md). The hook is the per-module rotary function that
     transformers keeps for its `kernels` hub (a `kernelize` of ours): where an architecture's function is not the
     one computed here, bit for bit on a probe, or numba or that wrapper is missing, nothing changes. Returns the

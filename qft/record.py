@@ -188,9 +188,9 @@ def _code_identity() -> dict:
 _CODE = _code_identity()
 
 
-# execution switches (train.*): here the config's ask; once a run has built its model, whether each was installed
+# execution switches (accel.*): here the config's ask; once a run has built its model, whether each was installed
 # (run.build)
-SWITCHES = ("compiled_masks", "compiled_sums", "compiled_rope", "split_rows")
+SWITCHES = tuple(k for k in schema.cpu_only("accel") if k != "fuse_projections")  # fusion is recorded apart
 
 
 def execution(cfg) -> dict:
@@ -199,9 +199,11 @@ def execution(cfg) -> dict:
     import torch
 
     cpu, kind = cpu_kind()
+    dev = "cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()) else "cpu"
     return {**_CODE, "qft_version": versions_of(("qft",))["qft"], "cpu": cpu, "cpu_id": cpu_id(),
             "cpu_kind": kind, "threads": torch.get_num_threads(), "compute_dtype": cfg.quant.compute_dtype,
-            **{k: bool(v) for k, v in schema.accel_switches(cfg, "cpu").items() if k in ("fuse_projections", *SWITCHES)},
+            "accel": schema.accel_mode(cfg, dev),
+            **{k: bool(v) for k, v in schema.accel_switches(cfg, dev).items() if k in ("fuse_projections", *SWITCHES)},
             "torch": torch.__version__,
             "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
 

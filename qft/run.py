@@ -63,7 +63,7 @@ def _run(cfg, run_dir: Path, keys) -> dict:
             print(f"qft: {run_dir} already holds an ok record of this config; skipped (sweep.force=true reruns it)")
             return previous
         record.reset_peak_memory(device)
-        train.tune_host_allocator(cfg.train)
+        train.tune_host_allocator(schema.accel_switches(cfg, device.type)["host_allocator"])
         source = model.resolve(cfg.model, cfg.cache_dir)
         rec["budget_ranks"] = budget.apply(cfg, budget.meta_layers(source)) if cfg.budget.params is not None else None
         validate.validate(cfg, depth=source.num_layers)

@@ -33,6 +33,7 @@ def validate(cfg, depth: int | None = None, planning: bool = False, files: bool 
     train.check(cfg.train, dev)
     logger.check(cfg.logger)
     offload.check(cfg.offload)
+    schema.check(cfg.accel, "accel")
     if files:
         evaluate.check(cfg.get("evaluate"))
     if cfg.quant.compute_dtype == "fp16":

@@ -86,7 +86,7 @@ def test_the_hash_tables_are_the_schemas_and_as_before():
         ("train", "compiled_rope"), ("train", "split_rows"), ("train", "checkpoint_every"),
         ("train", "eval_batch_size"), ("train", "zero_shot"), ("experiment",), ("cache_dir",), ("sweep",), ("grid",),
         ("logger",), ("quant", "cache_dequantized"), ("quant", "cache_quantized"), ("offload",),
-        ("budget", "bits_records")}
+        ("budget", "bits_records"), ("accel",)}  # the speed switches' own section, as their old places
     assert record._THEN == {("adapter", "dropout_mask"): "torch"}
     assert record._ABSENT_AT == {("adapter", "shared_dropout"): False, ("quant", "attention_dtype"): "compute",
                                  ("data", "test_stream"): "shared"}
@@ -110,7 +110,7 @@ def test_an_older_record_is_loaded_as_it_meant():
            "quant": {"compute_dtype": "auto"}, "budget": {"params": None}, "model": {"name": "x"}}
     new = schema.loaded(old)
     assert new["adapter"]["dropout_mask"] == "torch" and new["adapter"]["shared_dropout"] is False
-    assert new["quant"]["cache_quantized"] is False and new["quant"]["attention_dtype"] == "compute"
+    assert new["quant"]["attention_dtype"] == "compute" and new["accel"]["mode"] == "auto"
     assert (new["data"]["test_stream"], new["data"]["stratify"]) == ("shared", "balanced")
     assert new["budget"]["method"] == "shares" and "train" not in new and new["model"] == {"name": "x"}
     assert "dropout_mask" not in old["adapter"]  # the record itself is left as written
@@ -144,8 +144,56 @@ def test_each_preset_extends_its_schema_and_repeats_no_default():
                 continue
             assert extends[0] in schemas or (Path(config.CONF) / group / f"{extends[0]}.yaml").is_file(), f
             if extends[0] in schemas:
-                defaults = {k.path: k.default for k in schema.keys_of(schemas[extends[0]], "")}
-                assert {k: v for k, v in content.items() if k in defaults and defaults[k] == v} == {}, f
+                inherited = {k.path: k.default for k in schema.keys_of(schemas[extends[0]], "")}
+            else:  # what the preset it extends composes to (conf/train/gpu.yaml repeats none of cpu_small's)
+                inherited = _composed(group, extends[0])
+            assert {k: v for k, v in content.items() if k in inherited and inherited[k] == v} == {}, f
+
+
+def _composed(group: str, preset: str) -> dict:
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    with initialize_config_dir(config.CONF, version_base="1.3"):
+        return OmegaConf.to_container(compose("config", overrides=[f"{group}={preset}"])[group])
+
+
+def test_the_speed_layer_is_one_choice_by_device_with_expert_overrides():
+    from conftest import make_cfg
+
+    cfg = make_cfg()
+    assert cfg.accel.mode == "auto" and set(schema.cpu_only("accel")) == {
+        "fuse_projections", "compiled_masks", "compiled_sums", "compiled_rope", "split_rows"}
+    assert schema.accel_switches(cfg, "cpu") == {
+        "host_allocator": "tuned", "fuse_projections": True, "compiled_masks": True, "compiled_sums": True,
+        "compiled_rope": True, "split_rows": True, "cache_quantized": True, "cache_dequantized": False}
+    stock = {**dict.fromkeys(schema.accel_switches(cfg, "cpu"), False), "host_allocator": "default"}
+    assert schema.accel_switches(cfg, "cuda") == stock
+    assert schema.accel_switches(make_cfg("accel=cpu"), "cuda") == schema.accel_switches(cfg, "cpu")
+    assert schema.accel_switches(make_cfg("accel=off", "accel.split_rows=true"), "cpu") == {**stock, "split_rows": True}
+    assert record.config_hash(make_cfg("accel=off")) == record.config_hash(cfg)  # outside the hash
+    with pytest.raises(QftError, match=r"accel.split_rows='yes': true, false or null"):
+        from qft import validate
+
+        validate.validate(make_cfg("accel.split_rows=yes"))
+
+
+def test_an_old_switch_name_says_where_it_moved():
+    assert config.compose(["train.fuse_projections=false"], "qft") is None
+    with pytest.raises(QftError, match=r"^quant.cache_quantized=False: moved to accel.cache_quantized$"):
+        from conftest import make_cfg
+
+        config.check_keys(make_cfg("+quant.cache_quantized=false"))
+
+
+def test_an_older_record_with_the_switches_in_train_loads_and_keeps_its_hash():
+    from omegaconf import OmegaConf
+
+    old = next(r for r in (json.loads(p.read_text()) for p in sorted((ROOT / "results").rglob("result.json")))
+               if "fuse_projections" in (r.get("config") or {}).get("train", {}) and r.get("config_hash"))
+    assert record.config_hash(old["config"], inputs_=old["inputs"]) == old["config_hash"]
+    cfg = OmegaConf.create(schema.loaded(old["config"]))
+    assert schema.accel_switches(cfg, "cpu")["fuse_projections"] is True  # this machine's speed layer: auto
 
 
 def test_a_bad_value_gets_the_declared_check():

@@ -73,7 +73,7 @@ class Resolved:
     compute_dtype: str
     compute_bytes: int
     dropout: bool
-    dequantized: bool  # quant.cache_dequantized: 4-bit weights held dequantized in the compute dtype
+    dequantized: bool  # accel.cache_dequantized: 4-bit weights held dequantized in the compute dtype
     checkpointing: bool
     optimizer: str
     batch: int  # train.batch_size: one micro-step's examples
@@ -85,7 +85,7 @@ class Resolved:
     offload: dict
     fast_mask: bool = False  # adapter.dropout_mask=fast keeps a 1-byte mask, torch's dropout one in its input's dtype
     shared_dropout: bool = False  # adapter.shared_dropout: one mask (and dropped input) per group reading one input
-    fused: bool = False  # train.fuse_projections: groups reading one input share a matmul; the head is cast once
+    fused: bool = False  # accel.fuse_projections: groups reading one input share a matmul; the head is cast once
     attention_fp32: bool = False  # quant.attention_dtype=fp32: SDPA keeps its tensors in fp32 under autocast
 
 
@@ -317,7 +317,7 @@ def _layer_work(p: Resolved, depth: int, b: int, saved: int) -> int:
     to its input's dtype). Backward: gradients in flight, about four fp32 hidden widths, or the fp32
     weight 4-bit and int8 dequantize for the input gradient, less the projection's LoRA tensors already
     freed by then. With checkpointing the layer's saved tensors are recomputed first and held meanwhile.
-    A weight held dequantized (quant.cache_dequantized) or in 16 bits needs no dequantization.
+    A weight held dequantized (accel.cache_dequantized) or in 16 bits needs no dequantization.
     """
     sh, c = p.shape, p.compute_bytes
     t = b * p.seq

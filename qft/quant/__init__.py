@@ -38,7 +38,7 @@ DEFAULTS = {"bits": 4, "quant_type": "nf4", "double_quant": True, "block_size": 
 def check(cfg, depth: int | None = None) -> None:
     schema.check(cfg, "quant")
     L.check_spec(cfg, "quant", FIELDS, depth,
-                 other_keys=("compute_dtype", "cache_dequantized", "cache_quantized", "attention_dtype"))
+                 other_keys=("compute_dtype", "attention_dtype"))
 
 
 def plan(cfg, layers: list[L.Layer]) -> dict[str, dict]:

@@ -24,12 +24,18 @@ GROUPS = {
     "train": {"_schema": G.Train},
     "logger": {"_none": G.Logger, "_tensorboard": G.TensorBoard, "_mlflow": G.MLflow},
     "offload": {"_schema": G.Offload},
+    "accel": {"_schema": G.Accel},
     "evaluate": {"_mmlu": G.Evaluate},
 }
 # the top level's own keys and sections (conf/config.yaml extends them as `_top`)
 TOP = {"": G.Top, "budget": G.Budget, "sweep": G.Sweep}
 # keys only presets add: an experiment's sweep grid (conf/experiment/_sweep.yaml), outside the hash
 PRESET_ONLY = {"grid": "the values an experiment sweeps, by axis (conf/experiment/_sweep.yaml): open map"}
+# keys older records hold under another name, outside the hash as they were: never read, never set
+RETIRED = {"train.host_allocator": "accel.host_allocator", "train.fuse_projections": "accel.fuse_projections",
+           "train.compiled_masks": "accel.compiled_masks", "train.compiled_sums": "accel.compiled_sums",
+           "train.compiled_rope": "accel.compiled_rope", "train.split_rows": "accel.split_rows",
+           "quant.cache_quantized": "accel.cache_quantized", "quant.cache_dequantized": "accel.cache_dequantized"}
 # open maps: their keys are the user's (transformers fields, dataset labels, projections and depth groups, an
 # experiment's axes); a map's entries are checked by its module
 OPEN = ("model.arch", "data.label_words", "adapter.projections", "adapter.depth_groups", "quant.projections",
@@ -132,7 +138,8 @@ def not_hashed() -> frozenset:
     preset-only grid."""
     out = {tuple(k.path.split(".")) for k in keys().values() if not k.hashed}
     out -= {p for p in out if p[0] in _unhashed_sections()}
-    return frozenset(out | {(s,) for s in _unhashed_sections()} | {(p,) for p in PRESET_ONLY})
+    retired = {tuple(p.split(".")) for p in RETIRED}
+    return frozenset(out | retired | {(s,) for s in _unhashed_sections()} | {(p,) for p in PRESET_ONLY})
 
 
 def _unhashed_sections() -> set:
@@ -155,9 +162,9 @@ def exclude_keys() -> list[str]:
     out = ["experiment", "+experiment", "scale", "hydra.launcher.n_jobs"]
     unhashed = _unhashed_sections()
     for k in keys().values():
-        if not k.hashed or k.path.split(".")[0] in unhashed:
+        if (not k.hashed or k.path.split(".")[0] in unhashed) and k.path not in out:
             out.append(k.path)
-    return out + sorted(unhashed - set(out))
+    return out + list(RETIRED) + sorted(unhashed - set(out))
 
 
 def loaded(config: dict) -> dict:
@@ -165,6 +172,9 @@ def loaded(config: dict) -> dict:
     value an older record meant (`before`). The one place an older record's meaning is applied (predict, the report,
     resume)."""
     conf = copy.deepcopy(config)
+    for section, classes in sections().items():  # a section all of whose keys say what its absence meant
+        if section not in conf and all(k.before is not NONE for c in classes for k in keys_of(c, "")):
+            conf[section] = {}
     for k in keys().values():
         if k.before is NONE:
             continue
@@ -177,13 +187,26 @@ def loaded(config: dict) -> dict:
     return conf
 
 
-def accel_switches(cfg, device: str = "cpu") -> dict:
-    """The speed switches outside the hash (fusion, compiled loops, split rows, the host allocator, the quantized
-    and dequantized caches) as a run on `device` ("cpu" or "cuda") reads them: {name: value}. The one place the CPU
-    speed layer reads them from."""
-    return {k.path.split(".")[-1]: cfg[k.path.split(".")[0]][k.path.split(".")[-1]] for k in keys().values()
-            if k.path in ACCEL}
+def cpu_only(section: str) -> tuple:
+    """The keys of a section only a CPU run reads, in declaration order."""
+    return tuple(k.path.rpartition(".")[2] for k in keys().values() if k.cpu_only and k.path.startswith(section + "."))
 
 
-ACCEL = ("train.host_allocator", "train.fuse_projections", "train.compiled_masks", "train.compiled_sums",
-         "train.compiled_rope", "train.split_rows", "quant.cache_quantized", "quant.cache_dequantized")
+def accel_mode(cfg, device: str) -> str:
+    """accel.mode as a run on `device` ("cpu" or "cuda") takes it: auto is cpu on a CPU, off on CUDA."""
+    mode = cfg.accel.mode
+    return ("cpu" if device == "cpu" else "off") if mode == "auto" else mode
+
+
+def accel_switches(cfg, device: str) -> dict:
+    """The speed switches (accel.*: fusion, compiled loops, split rows, the host allocator, the quantized and
+    dequantized caches) as a run on `device` ("cpu" or "cuda") takes them: {name: value}, each set one overriding
+    the mode's. The one place the speed layer reads them from."""
+    mode = accel_mode(cfg, device)
+    out = {}
+    for k in keys().values():
+        section, _, name = k.path.rpartition(".")
+        if section == "accel" and name != "mode":
+            value = cfg.accel[name]
+            out[name] = getattr(k, mode) if value is None else value
+    return out

@@ -98,10 +98,6 @@ class Data:
 class Quant:
     compute_dtype: str = key("auto", "auto (bf16 where the hardware has it, else fp32), bf16 or fp32 (fp16 refused)",
                              Choice(("bf16", "fp16", "fp32", "auto")))
-    cache_quantized: bool = key(True, "keep the quantized base in the cache: later runs skip the quantization", Bool(),
-                                hashed=False, before=False)
-    cache_dequantized: bool = key(False, "dequantize the frozen 4-bit weights once: same numbers, faster, 2 B/weight",
-                                  Bool(), hashed=False, before=False)
     attention_dtype: str = key("compute", "compute (SDPA in the compute dtype) or fp32 (other rounding: hashed)",
                                Choice(("compute", "fp32")), before="compute", old_hash="without")
     attn: dict = key({"bits": 4, "quant_type": "nf4", "double_quant": True, "block_size": 64},
@@ -150,18 +146,31 @@ class Train:
                              hashed=False)
     stop_after_steps: int | None = key(None, "stop (status incomplete) after N steps this invocation",
                                        Int(1, null=True), hashed=False)
-    host_allocator: str = key("tuned", "tuned: glibc keeps freed host blocks for reuse; default: glibc's own",
-                              Choice(("tuned", "default")), hashed=False, before="default")
-    fuse_projections: bool = key(True, "q/k/v and gate/up as one group: one input cast, one frozen matmul", Bool(),
-                                 hashed=False, cpu_only=True, before=False)
-    compiled_masks: bool = key(True, "the fast dropout masks as one compiled pass each (numba): same bits", Bool(),
-                               hashed=False, cpu_only=True, before=False)
-    compiled_sums: bool = key(True, "with fused projections, frozen + LoRA output summed in one compiled pass", Bool(),
-                              hashed=False, cpu_only=True, before=False)
-    compiled_rope: bool = key(True, "the rotary embedding of q and k as one compiled pass (numba): same bits", Bool(),
-                              hashed=False, cpu_only=True, before=False)
-    split_rows: bool = key(True, "with fused projections, frozen matmuls as two row blocks where that is the same bits",
-                           Bool(), hashed=False, cpu_only=True, before=False)
+
+
+@dataclass
+class Accel:
+    """The speed layer: switches that change no number (each tested so), outside the hash. `mode` picks them all;
+    each switch left null takes the mode's value (`cpu=`, `off=`), and set, overrides it (an expert's choice)."""
+    HASHED: ClassVar[bool] = False
+    mode: str = key("auto", "auto (cpu on a CPU run, off on CUDA), cpu (every switch on) or off (the stock path)",
+                    Choice(("auto", "cpu", "off")), before="auto")
+    host_allocator: str | None = key(None, "tuned: glibc keeps freed host blocks for reuse; default: glibc's own",
+                                     Choice(("tuned", "default"), null=True), cpu="tuned", off="default", before=None)
+    fuse_projections: bool | None = key(None, "q/k/v and gate/up as one group: one input cast, one frozen matmul",
+                                        Bool(null=True), cpu_only=True, cpu=True, off=False, before=None)
+    compiled_masks: bool | None = key(None, "the fast dropout masks as one compiled pass each (numba): same bits",
+                                      Bool(null=True), cpu_only=True, cpu=True, off=False, before=None)
+    compiled_sums: bool | None = key(None, "with fused projections, frozen + LoRA output summed in one compiled pass",
+                                     Bool(null=True), cpu_only=True, cpu=True, off=False, before=None)
+    compiled_rope: bool | None = key(None, "the rotary embedding of q and k as one compiled pass (numba): same bits",
+                                     Bool(null=True), cpu_only=True, cpu=True, off=False, before=None)
+    split_rows: bool | None = key(None, "with fused projections, frozen matmuls as two row blocks where the bits agree",
+                                  Bool(null=True), cpu_only=True, cpu=True, off=False, before=None)
+    cache_quantized: bool | None = key(None, "keep the quantized base in the cache: later runs skip the quantization",
+                                       Bool(null=True), cpu=True, off=False, before=None)
+    cache_dequantized: bool | None = key(None, "hold the frozen 4-bit weights dequantized: same numbers, 2 B/weight",
+                                         Bool(null=True), cpu=False, off=False, before=None)
 
 
 @dataclass

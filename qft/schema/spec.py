@@ -42,16 +42,24 @@ class Num:
 
 @dataclass(frozen=True)
 class Bool:
+    null: bool = False  # also null (an accel switch: as accel.mode says)
+
     def __call__(self, key, value):
+        if self.null and value is None:
+            return
+        if self.null and not isinstance(value, bool):
+            raise QftError(key, value, "true, false or null")
         boolean(key, value)
 
 
 @dataclass(frozen=True)
 class Choice:
     values: tuple
+    null: bool = False
 
     def __call__(self, key, value):
-        one_of(key, value, self.values)
+        if not (self.null and value is None):
+            one_of(key, value, (*self.values, *(("null",) if self.null and value is not None else ())))
 
 
 @dataclass(frozen=True)
