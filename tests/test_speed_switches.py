@@ -47,7 +47,7 @@ def test_cache_dequantized_changes_no_numbers(preset):
 def test_quantized_base_cache_rebuilds_the_same_model(preset, extra, tmp_path, monkeypatch):
     where = quant.cache_file
     monkeypatch.setattr(quant, "cache_file",
-                        lambda cfg, layers, fp, dev, _, *dequantized: where(cfg, layers, fp, dev, tmp_path, *dequantized))
+                        lambda cfg, layers, fp, dev, _, *deq: where(cfg, layers, fp, dev, tmp_path, *deq))
     over = [f"quant={preset}", *extra]
     _, ref_loss, ref_grads, ref_logits = loss_grads_logits(*over, "accel.cache_quantized=false")
     assert not list(tmp_path.glob("quantized/*"))
@@ -77,7 +77,8 @@ sys.path.insert(0, "tests")
 from conftest import make_cfg
 from qft import schema, train
 import test_speed_switches as t
-print(train.tune_host_allocator(schema.accel_switches(make_cfg(f"accel.host_allocator={sys.argv[1]}"), "cpu")["host_allocator"]))
+switches = schema.accel_switches(make_cfg(f"accel.host_allocator={sys.argv[1]}"), "cpu")
+print(train.tune_host_allocator(switches["host_allocator"]))
 _, loss, grads, logits = t.loss_grads_logits(f"accel.host_allocator={sys.argv[1]}")
 save_file({**{"g." + k: v for k, v in grads.items()}, "logits": logits, "loss": torch.tensor(loss)}, sys.argv[2])
 """
