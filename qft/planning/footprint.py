@@ -183,7 +183,7 @@ def resolve(cfg, source=None, answer_tokens: int | None = None, answer_rows: int
     if answer_tokens is None:
         answer_tokens = ANSWER_TOKENS if cfg.data.task == "classification" else cfg.data.max_length // 2
     dtype = _compute_dtype(cfg.quant.compute_dtype, device)
-    accel = schema.accel_switches(cfg, getattr(device, "type", device))
+    accel = schema.accel_switches(cfg, device)
     return Resolved(cfg.model.name, shape, projections, quant.plan(cfg.quant, projections), ranks, biased, embed,
                 layer_other, head, tied, device, dtype, DTYPES[dtype].itemsize,
                 float(cfg.adapter.dropout) > 0, bool(accel["cache_dequantized"]),

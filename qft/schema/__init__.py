@@ -193,12 +193,14 @@ def cpu_only(section: str) -> tuple:
 
 
 def accel_mode(cfg, device: str) -> str:
-    """accel.mode as a run on `device` ("cpu" or "cuda") takes it: auto is cpu on a CPU, off on CUDA."""
+    """accel.mode as a run on `device` ("cpu", "cuda", "cuda:1" or a torch.device) takes it: auto is cpu on a CPU,
+    off on CUDA."""
     mode = cfg.accel.mode
-    return ("cpu" if device == "cpu" else "off") if mode == "auto" else mode
+    on_cpu = str(getattr(device, "type", device)).split(":")[0] == "cpu"
+    return ("cpu" if on_cpu else "off") if mode == "auto" else mode
 
 
-def accel_switches(cfg, device: str) -> dict:
+def accel_switches(cfg, device) -> dict:
     """The speed switches (accel.*: fusion, compiled loops, split rows, the host allocator, the quantized and
     dequantized caches) as a run on `device` ("cpu" or "cuda") takes them: {name: value}, each set one overriding
     the mode's. The one place the speed layer reads them from."""
