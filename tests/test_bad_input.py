@@ -170,7 +170,7 @@ def test_cli_bad_data_path_exits_2(tmp_path):
     (["model=gpt5"], "Could not find 'model/gpt5'"),
     (["adapter.attn.rnk=4"], "adapter.attn.rnk: unknown key; allowed under adapter.attn: alpha, r"),
     (["train.stpes=5"], "train.stpes: unknown key; allowed under train: batch_size, "),
-    (["trian.steps=5"], "trian.steps: unknown key; allowed under the top level: adapter, budget, "),
+    (["trian.steps=5"], "trian.steps: unknown key; allowed under the top level: accel, adapter, budget, "),
     (["model.tokenizer.revison=main"], "model.tokenizer.revison: unknown key; allowed under model.tokenizer: file, "),
     # Hydra's own settings and a group chosen by no default keep Hydra's advice, which is right for them
     (["scale=paper"], "Could not override 'scale'"),
