@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from qft.schema.spec import Bool, BoolOr, Choice, Int, Map, Num, Text, WordsOrInts, key
+from qft.schema.spec import Bool, BoolOr, Choice, Int, IntOr, Map, Num, Text, WordsOrInts, key
 
 MISSING = "???"
 PER_TYPE = ("attn", "mlp")
@@ -85,7 +85,8 @@ class Data:
     train_size: int | None = key(1600, "training examples (null on a local file: from its rows)")
     val_size: int | None = key(100, "validation examples (null on a local file: from its rows)")
     test_size: int | None = key(200, "test examples (null on a local file: from its rows)")
-    split_seed: int = key(0, "the seed of the train/val/test draw", Int())
+    split_seed: int | str = key(0, "the seed of the train/val/test draw; seed: each run seed draws its own",
+                                IntOr(("seed",), "an integer, or seed (each run seed draws its own splits)"))
     stratify: str = key("balanced", "balanced: round-robin across labels; proportional: each label's share",
                         Choice(("balanced", "proportional")), before="balanced")
     test_stream: str = key("shared", "an official test split's draw: shared (test_size moves train/val) or own",

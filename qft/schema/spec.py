@@ -92,6 +92,17 @@ class BoolOr:
 
 
 @dataclass(frozen=True)
+class IntOr:
+    """An integer, or one of `words`."""
+    words: tuple
+    what: str
+
+    def __call__(self, key, value):
+        if not (isinstance(value, str) and value in self.words):
+            integer(key, value, what=self.what)
+
+
+@dataclass(frozen=True)
 class WordsOrInts:
     """One of `words`, or a list of integers >= 0."""
     words: tuple
