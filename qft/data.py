@@ -409,8 +409,23 @@ def frame_texts(cfg, tokenizer, texts: list[str], label_words: list[str]) -> tup
     return [prefix + x + suffix for x in _encode_many(tokenizer, list(texts), room)], label_tokens
 
 
-def prepare(cfg, tokenizer, cache_dir: str | Path) -> Task:
-    """Load, frame, tokenize and split; read from the on-disk cache when the same content was seen before."""
+def drawn(cfg, seed: int | None):
+    """`cfg` with data.split_seed `seed` replaced by the run's seed. Why: where few training examples define a regime,
+    their draw is part of what a verdict over seeds must cover, while the cells of a study still share one config
+    (the hash keeps `seed`, so the report matches a cell's seeds as one cell)."""
+    if cfg.split_seed != "seed":
+        return cfg
+    if seed is None:
+        raise QftError("data.split_seed", "seed", "an integer where no run seed is given")
+    out = cfg.copy()
+    out.split_seed = seed
+    return out
+
+
+def prepare(cfg, tokenizer, cache_dir: str | Path, seed: int | None = None) -> Task:
+    """Load, frame, tokenize and split (data.split_seed `seed`: by the run's `seed`); read from the on-disk cache
+    when the same content was seen before."""
+    cfg = drawn(cfg, seed)
     raw, digest = _read(cfg)
     classification = cfg.task == "classification"
     labels, label_words, label_tokens = _label_words(cfg, raw, tokenizer) if classification else ([], [], [])

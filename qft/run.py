@@ -76,7 +76,7 @@ def _run(cfg, run_dir: Path, keys) -> dict:
             rec["execution"]["pipeline"] = {"layers": stage_plan.layers, "micro_batches": cfg.offload.micro_batches}
             device = pipeline.init(cfg, device)
         tokenizer = model.load_tokenizer(source)
-        task = data.prepare(cfg.data, tokenizer, cfg.cache_dir)
+        task = data.prepare(cfg.data, tokenizer, cfg.cache_dir, cfg.seed)
         tracker = logger.make(cfg.logger, run_dir, cfg.experiment)
         tracker.params(record.flatten(rec["config"]))
         t_load = time.time()
