@@ -456,7 +456,7 @@ def test_each_run_records_its_own_peak_not_an_earlier_jobs_of_the_same_process(t
     from qft import record
 
     # 1 GiB touched and handed back to the OS, as an earlier job of a sweep leaves its peak behind (mmap, not
-    # malloc: with train.host_allocator=tuned, freed heap memory stays resident by design). The run's own growth
+    # malloc: with accel.host_allocator=tuned, freed heap memory stays resident by design). The run's own growth
     # above what is resident is about 130 MB here, so 400 MB left too thin a margin (failed once: 290 MB below)
     big = mmap.mmap(-1, 1024 * 2 ** 20)
     big.write(b"\1" * len(big))
