@@ -8,7 +8,7 @@ run: $(VENV)/.installed      ## set up, then one fine-tune on the defaults (Smol
 test: $(VENV)/.installed     ## set up, then the test suite
 	$(PY) -m pytest -q -n auto --maxprocesses 4 --durations=15 -m "not reproduce"
 
-reproduce: $(VENV)/.installed  ## set up, then the slow simulation checks (the minimum-effect test's size)
+reproduce: $(VENV)/.installed  ## set up, then the study reproductions (size and seed checks, analyses re-run over committed records) and slow simulations
 	$(PY) -m pytest -q -n auto --maxprocesses 4 -m reproduce -rA
 
 setup: $(VENV)/.installed

@@ -34,8 +34,15 @@ def expected(name: str) -> tuple[int, float]:
     return (2 if depth >= 2 else 4), 32
 
 
-def test_every_module_gets_exactly_its_rank_and_alpha():
-    cfg, _, built = build(*OVERRIDES)
+@pytest.fixture(scope="module")
+def mixed():
+    """build(*OVERRIDES) once for the tests below, which read its modules, counts and saved config and change nothing
+    (no training, no forward pass, no hook)."""
+    return build(*OVERRIDES)
+
+
+def test_every_module_gets_exactly_its_rank_and_alpha(mixed):
+    cfg, _, built = mixed
     base = built.model.get_base_model()
     for layer in built.projections:
         r, alpha = expected(layer.name)
@@ -48,8 +55,8 @@ def test_every_module_gets_exactly_its_rank_and_alpha():
         assert math.isclose(module.scaling["default"], alpha / r)
 
 
-def test_trainable_parameter_counts_are_exact():
-    cfg, _, built = build(*OVERRIDES)
+def test_trainable_parameter_counts_are_exact(mixed):
+    cfg, _, built = mixed
     ranks = {l.name: expected(l.name)[0] for l in built.projections}
     base = built.model.get_base_model()
     total = independent_count(base, {n: r for n, r in ranks.items()})
@@ -65,8 +72,8 @@ def test_trainable_parameter_counts_are_exact():
     assert groups["deep"] == sum(built.params["per_depth"][2:]) and groups["top_q"] == built.params["per_depth"][3]
 
 
-def test_count_from_shapes_alone_matches_built_model():
-    cfg, _, built = build(*OVERRIDES)
+def test_count_from_shapes_alone_matches_built_model(mixed):
+    cfg, _, built = mixed
     plan = adapter.plan(cfg.adapter, built.projections)
     counted = adapter.count(plan, built.projections)
     # the built model's own trainable tensors, by name
@@ -89,8 +96,8 @@ def test_rank_zero_type_gets_no_adapter():
     assert not hasattr(built.model.get_base_model().get_submodule("model.layers.0.self_attn.q_proj"), "lora_A")
 
 
-def test_saved_adapter_config_is_stock_peft(tmp_path):
-    cfg, _, built = build(*OVERRIDES)
+def test_saved_adapter_config_is_stock_peft(mixed, tmp_path):
+    cfg, _, built = mixed
     built.model.save_pretrained(tmp_path)
     from peft import PeftConfig
 

@@ -198,12 +198,17 @@ def test_committed_records_recompute_their_hash_and_older_data_formats_are_never
 
 
 @pytest.mark.parametrize("params", [1146000, 2292000])
-def test_cli_proposes_ranks_within_tolerance_on_the_committed_bbc_records(params):
-    res = subprocess.run([sys.executable, "-m", "qft.budget", "model=smollm2_135m", f"budget.params={params}",
-                          "budget.method=fitted", "budget.records=results/rank_sweep/runs",
-                          "budget.records_data=bbc_news"], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr[-2000:]
-    out = res.stdout
+def test_cli_proposes_ranks_within_tolerance_on_the_committed_bbc_records(params, monkeypatch, capsys):
+    """qft.budget's main in this process (test_bad_budget_methods_and_records_are_refused_naming_the_key runs it as a
+    process)."""
+    from qft.budget.cli import main
+
+    monkeypatch.chdir(ROOT)
+    status = main(["model=smollm2_135m", f"budget.params={params}", "budget.method=fitted",
+                   "budget.records=results/rank_sweep/runs", "budget.records_data=bbc_news"])
+    got = capsys.readouterr()
+    assert status == 0, got.err[-2000:]
+    out = got.out
     assert "of bbc_news under results/rank_sweep/runs" in out and "| w |" in out and "residual SE" in out
     fitted = re.search(r"^\| fitted(?: = uniform)? \| (\d+) \| (\d+) \| ([\d,]+) \| ([+-][\d.]+)% \|", out, re.M)
     assert fitted, out

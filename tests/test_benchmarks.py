@@ -64,6 +64,7 @@ def step_ops(*args):
                           timeout=600)
 
 
+@pytest.mark.reproduce  # a benchmark tool measuring real steps end to end (make reproduce)
 def test_step_ops_times_every_op_of_a_real_step():
     out = step_ops("--batch", "4", "--seq", "64", "--warmup", "1", "--steps", "2", "--top", "500", "--split",
                    "aten._to_copy", "model=tiny_llama", "quant.compute_dtype=bf16")
@@ -95,6 +96,7 @@ def test_step_ops_bad_input_exits_2_with_one_line():
     assert len(out.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.reproduce  # a benchmark tool measuring real steps end to end (make reproduce)
 @pytest.mark.parametrize("loops", ["masks", "sums", "rope", "rows"])
 def test_compiled_alternates_the_switch_in_one_process(tmp_path, loops):
     out = subprocess.run([sys.executable, "benchmarks/compiled.py", "--loops", loops, "--batch", "4", "--warmup", "1",
@@ -109,6 +111,7 @@ def test_compiled_alternates_the_switch_in_one_process(tmp_path, loops):
     assert f"the {loops} on" in out.stdout and f"ratio {got['ratio_compiled_over_torch_ops']:.3f}" in out.stdout
 
 
+@pytest.mark.reproduce  # a benchmark tool measuring real steps end to end (make reproduce)
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one usable core: one thread is the machine's count")
 def test_compiled_names_a_thread_count_below_the_cores_in_its_file(tmp_path):
     """Runs at one thread (a study's setting) must not overwrite the same switch's file at the machine's count."""
@@ -143,6 +146,7 @@ def startup(tmp_path, *args):
                           capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.reproduce  # a benchmark tool measuring real steps end to end (make reproduce)
 def test_startup_times_later_runs_and_their_parts_against_another_checkout(tmp_path):
     out = startup(tmp_path, "--against", str(ROOT), "--pairs", "1", "--probes", "2", "model=tiny_llama")
     assert out.returncode == 0, out.stderr

@@ -207,6 +207,12 @@ CHEAP = sorted({line: where for where, line in COMMANDS if cheap(line)
                 and where != "experiments/pipeline_offload/README.md"}.items(), key=lambda x: (x[1], x[0]))
 
 
+def study_rerun(line: str, where: str) -> bool:
+    """A study's own analysis run again over its committed records (a line of an experiments/ write-up that reads
+    results/): a reproduction, run by `make reproduce`; the docs' and README's lines stay in `make test`."""
+    return where.startswith("experiments/") and " results/" in f" {line}"
+
+
 @pytest.fixture(scope="module")
 def recipe_files(tmp_path_factory):
     """The files a newcomer's recipes name (RUN_HERE): README's own Python block, run as written in an empty folder
@@ -246,7 +252,9 @@ def own_files(recipe_files):
     return tmp
 
 
-@pytest.mark.parametrize("line,where", CHEAP, ids=[f"{w}:{i}" for i, (_, w) in enumerate(CHEAP)])
+@pytest.mark.parametrize("line,where", [
+    pytest.param(line, where, id=f"{where}:{i}", marks=[pytest.mark.reproduce] if study_rerun(line, where) else [])
+    for i, (line, where) in enumerate(CHEAP)])
 def test_cheap_documented_command_really_runs(line, where, own_files, tmp_path, monkeypatch, capsys):
     """Each cheap line runs as written, with its output folders moved to a temporary one (a committed file is never
     rewritten; test_recipes checks that the pipeline_offload study's outputs are what is committed), and ends ok."""
@@ -381,6 +389,7 @@ def test_every_declared_cell_is_one_configuration_the_study_runs(plan, tmp_path)
         assert [1, 1] in found.values(), (plan.parent.name, c["name"], found)
 
 
+@pytest.mark.reproduce
 def test_finding2s_seed_check_reproduces_its_committed_output():
     """experiments/finding2/planner/sensitivity.py, as its README shows it, prints what the plan's seed block cites,
     from the committed variance-pilot records (variance quantities only)."""
@@ -394,6 +403,7 @@ def test_finding2s_seed_check_reproduces_its_committed_output():
     assert got.stdout == (script.parent / "sensitivity.txt").read_text()
 
 
+@pytest.mark.reproduce
 def test_finding2s_size_check_reproduces_its_committed_output():
     """experiments/finding2/size_check.py (the minimum-effect test's size, checked before finding 2's report is read)
     is deterministic: at 10 simulated studies a row it prints what its committed short output says, from finding 1's
@@ -508,6 +518,7 @@ def test_finding2s_landed_records_are_copied_without_a_score(tmp_path):
     assert gone.returncode == 2 and gone.stdout == "" and gone.stderr.startswith("landed.py: error: WORKTREE=")
 
 
+@pytest.mark.reproduce
 def test_the_gates_screen_reproduces_its_committed_table():
     """experiments/sensitivity_gate/screen.py, as its README shows it, prints the committed screen.md from the
     committed records (regenerated whenever a pair lands)."""

@@ -243,6 +243,7 @@ SIMULATE = [line for where, line in __import__("test_docs").COMMANDS
             if where == "experiments/pipeline_offload/README.md" and "qft.tools.simulate" in line]
 
 
+@pytest.mark.reproduce  # a study's outputs derived again: make reproduce
 @pytest.mark.parametrize("line", SIMULATE, ids=[line.split("--out ")[1].split("/")[-1] for line in SIMULATE])
 def test_rerunning_the_pipeline_offload_study_rewrites_no_committed_file(line, tmp_path, capsys):
     import shlex

@@ -81,6 +81,7 @@ def simulated_study(rng, seeds=3, examples=200, delta=0.03, binary=True):
     return q + delta / 2 + b / 2 + u[0] + noise[0], q - delta / 2 - b / 2 + u[1] + noise[1]
 
 
+@pytest.mark.reproduce  # simulated studies: the test's size or coverage (make reproduce)
 @pytest.mark.parametrize("binary,delta", [(True, 0.03), (True, 0.0), (False, 0.05)])
 def test_paired_intervals_cover_a_known_effect(binary, delta, monkeypatch):
     """Never anticonservative (>= 0.93); at 3 seeds the seed mean square has 2 degrees of freedom, so where seed
@@ -130,24 +131,27 @@ def test_power_at_few_seeds_and_a_large_effect_is_a_number_not_nan():
     assert math.isfinite(eq) and 0.5 < eq < 1
 
 
-def test_power_cli_on_records_without_per_example_scores():
-    res = subprocess.run([sys.executable, "-m", "qft.tools.power", "results/rank_sweep/runs", "--delta", "0.02"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0, res.stderr
-    assert "no per-example scores" in res.stdout and "| 200 |" in res.stdout
+def test_power_cli_on_records_without_per_example_scores(monkeypatch, capsys):
+    """The command line as a process once (its exit status and one line), then its main in this process."""
+    from qft.tools import power
+
     bad = subprocess.run([sys.executable, "-m", "qft.tools.power", "/no/such/folder"], cwd=ROOT, capture_output=True,
                          text=True, timeout=120)
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
         "qft.tools.power: error: RECORDS='/no/such/folder': a folder of result records (result.json) or one record"]
+    monkeypatch.chdir(ROOT)
+    assert power.main(["results/rank_sweep/runs", "--delta", "0.02"]) == 0
+    out = capsys.readouterr().out
+    assert "no per-example scores" in out and "| 200 |" in out
     for args, line in ((["results/rank_sweep/runs", "--simulate", "3"], "--simulate=3: records with per-example scores "
                         "(it simulates the paired test)"), (["results/rank_sweep/runs", "--simulate", "1"],
                                                             "--simulate=1: an integer >= 2 (seeds)")):
-        bad = subprocess.run([sys.executable, "-m", "qft.tools.power", *args], cwd=ROOT, capture_output=True, text=True,
-                             timeout=120)
-        assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [f"qft.tools.power: error: {line}"]
+        assert power.main(args) == 2
+        got = capsys.readouterr()
+        assert got.err.strip().splitlines() == [f"qft.tools.power: error: {line}"] and not got.out
 
 
-def test_power_pools_pairs_across_run_kinds_and_leaves_out_a_pair_across_two(tmp_path):
+def test_power_pools_pairs_across_run_kinds_and_leaves_out_a_pair_across_two(tmp_path, capsys):
     """A study's pilot restarted on another CPU (finding 2's was): the planner reads it as the report does, a pair (two
     cells of one seed) on one run kind and pairs pooled across kinds; a pair whose two cells ran on different kinds is
     left out and named, never pooled as one comparison."""
@@ -179,10 +183,8 @@ def test_power_pools_pairs_across_run_kinds_and_leaves_out_a_pair_across_two(tmp
     key = next(k for k, c in configs.items() if c[0][4] == moved)
     without = {k: ({s: v for s, v in c.items() if s != 0} if k == key else c) for k, c in configs.items()}
     assert power.components(configs)[0] == pytest.approx(power.components(without)[0], rel=1e-12)
-    got = subprocess.run([sys.executable, "-m", "qft.tools.power", str(tmp_path / "runs")], cwd=ROOT,
-                         capture_output=True, text=True, timeout=300)
-    assert got.returncode == 0, got.stderr
-    lines = got.stdout.splitlines()
+    assert power.main([str(tmp_path / "runs")]) == 0
+    lines = capsys.readouterr().out.splitlines()
     assert lines[1].startswith("records of 3 run kinds (") and "pairs (two cells of one seed) pool across kinds" in lines[1]
     assert lines[2].startswith("left out, their two cells on different run kinds: 7 pairs (seed 0: ")
 
@@ -201,13 +203,12 @@ def test_power_prices_scoring_from_runs_made_in_one_invocation():
     assert power.hours_per_run([(None, resumed)], "amx_bf16")[1] == 0.0  # only resumed runs: never below nothing
 
 
-def test_power_cli_simulates_the_reports_own_test_at_the_chosen_seeds():
+def test_power_cli_simulates_the_reports_own_test_at_the_chosen_seeds(monkeypatch, capsys):
     from qft.tools import power
 
-    got = subprocess.run([sys.executable, "-m", "qft.tools.power", "results/rank_sweep_r8_format2/runs", "--simulate", "3",
-                          "--studies", "40", "--family", "4"], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert got.returncode == 0, got.stderr
-    line = got.stdout.strip().splitlines()[-1]
+    monkeypatch.chdir(ROOT)
+    assert power.main(["results/rank_sweep_r8_format2/runs", "--simulate", "3", "--studies", "40", "--family", "4"]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
     assert line.startswith("Simulated power of the report's own test (generalized interval) to find 0.02 at 0.0125, "
                            "3 seeds x 200 examples, 40 studies")
     comp, _, _ = power.components(power.by_config(power.runs(["results/rank_sweep_r8_format2/runs"]), "accuracy"))
@@ -229,6 +230,7 @@ def test_macro_f1_and_per_class_accuracy_by_hand():
     assert got["macro_f1_test"] == pytest.approx((0.8 + 0.5 + 2 / 3) / 3)
 
 
+@pytest.mark.reproduce  # simulated studies: the test's size or coverage (make reproduce)
 def test_paired_intervals_cover_with_a_thousand_examples_and_seed_noise(monkeypatch):
     """The committed design's shape with a large test split, where the seed term matters: 3 seeds, 1,000 examples."""
     monkeypatch.setattr(stats, "GPQ_DRAWS", 2000)
@@ -284,6 +286,7 @@ def test_a_difference_beyond_the_margin_says_so():
     assert c.p_beyond_adj == pytest.approx(min(1.0, 3 * c.p_beyond))
 
 
+@pytest.mark.reproduce  # simulated studies: the test's size or coverage (make reproduce)
 def test_the_beyond_margin_test_holds_its_level_at_the_margin():
     """The t form against its own model: at a true difference of exactly ±margin it rejects alpha of the time (4,000
     studies: binomial SE 0.0034, the band +-3 SE), where each side's one-sided test doubled gave about alpha/2 and a
@@ -312,6 +315,7 @@ def test_a_non_finite_standard_error_makes_no_claim():
     assert stats._finish(0.01, 0.0, 3, 0.02, "x", 3).verdict == "differs"  # identical paired differences: exact
 
 
+@pytest.mark.reproduce  # simulated studies: the test's size or coverage (make reproduce)
 def test_a_true_null_is_rejected_at_most_at_its_level_at_the_holm_step(monkeypatch):
     """Verdicts are made at alpha/6, not at 95%: where the seed part of the paired difference is about 4x the rest, a
     Satterthwaite t (its df estimated from the same mean squares as its SE) rejected a true null at 0.020 here against
@@ -352,6 +356,7 @@ def test_a_paired_comparison_says_what_its_own_design_can_find():
     assert stats.detectable(stats.welch([0.7, 0.72, 0.71], [0.69, 0.7, 0.68]), 0.05) is None  # no components
 
 
+@pytest.mark.reproduce  # simulated studies: the test's size or coverage (make reproduce)
 @pytest.mark.parametrize("seed_var,example_var,residual", [(7e-5, 0.0, 0.02), (2.4e-4, 1.5e-3, 0.028)],
                          ids=["finding1-contrast1", "finding3-int8"])
 def test_the_equivalence_test_holds_its_level_at_the_margin(monkeypatch, seed_var, example_var, residual):
