@@ -1,10 +1,10 @@
-"""An execution switch on against off, in one process (`--loops masks`: `train.compiled_masks`; `sums`:
-`train.compiled_sums`; `rope`: `train.compiled_rope`; `rows`: `train.split_rows`, no compiled loop): steps alternate between the two on the same
+"""An execution switch on against off, in one process (`--loops masks`: `accel.compiled_masks`; `sums`:
+`accel.compiled_sums`; `rope`: `accel.compiled_rope`; `rows`: `accel.split_rows`, no compiled loop): steps alternate between the two on the same
 model, batches and memory state, so the machine's drift between processes (5-10% on these VMs) falls on both alike.
 
     python benchmarks/compiled.py                                                   # masks; 12 steps each, after 2
-    python benchmarks/compiled.py --loops sums quant.attention_dtype=fp32 quant.cache_dequantized=true
-    python benchmarks/compiled.py --loops rows quant.attention_dtype=fp32 quant.cache_dequantized=true
+    python benchmarks/compiled.py --loops sums quant.attention_dtype=fp32 accel.cache_dequantized=true
+    python benchmarks/compiled.py --loops rows quant.attention_dtype=fp32 accel.cache_dequantized=true
     python benchmarks/compiled.py --loops rope
 
 The workload is `speed.py`'s (SmolLM2-135M, BBC News, batch 16 x 64, its lr and dropout); a step is the training
@@ -28,23 +28,24 @@ import torch
 
 import speed
 import step_ops
+from qft import schema
 
 
 def _fused(cfg) -> bool:
-    return bool(cfg.train.get("fuse_projections"))
+    return bool(schema.accel_switches(cfg, "cpu")["fuse_projections"])
 
 
 # what a config needs for the switch to act (the key to name, whether it holds, what is allowed), and the objects'
 # flag: masks, sums and rope are numba loops, none where numba is not installed (rope: nor for another rotary function)
 NEEDS = {
-    "masks": ("adapter.dropout_mask", lambda cfg: cfg.adapter.get("dropout_mask") == "fast" and cfg.adapter.dropout > 0,
+    "masks": ("adapter.dropout_mask", lambda cfg: cfg.adapter.dropout_mask == "fast" and cfg.adapter.dropout > 0,
               "only fast masks compile: needs adapter.dropout_mask=fast and adapter.dropout > 0",
               "compiled"),
-    "sums": ("train.fuse_projections", _fused,
-             "the compiled sums run in fused groups: needs train.fuse_projections=true", "compiled"),
-    "rope": ("train.compiled_rope", lambda cfg: True, "", "compiled"),
-    "rows": ("train.fuse_projections", _fused,
-             "the row blocks run in fused groups: needs train.fuse_projections=true", "split_rows"),
+    "sums": ("accel.fuse_projections", _fused,
+             "the compiled sums run in fused groups: needs accel.fuse_projections=true", "compiled"),
+    "rope": ("accel.compiled_rope", lambda cfg: True, "", "compiled"),
+    "rows": ("accel.fuse_projections", _fused,
+             "the row blocks run in fused groups: needs accel.fuse_projections=true", "split_rows"),
 }
 
 

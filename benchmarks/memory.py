@@ -48,9 +48,9 @@ CONFIGS = {
     "smollm2-nf4-bf16-b4-s64-fastmask": ["model=smollm2_135m", "quant.compute_dtype=bf16", "train.batch_size=4",
                                          "data.max_length=64", "adapter.dropout_mask=fast"],
     "smollm2-nf4-b16-s64-fused": ["model=smollm2_135m", "train.batch_size=16", "data.max_length=64",
-                                  "train.fuse_projections=true"],
+                                  "accel.fuse_projections=true"],
     "smollm2-nf4-bf16-b4-s64-fused": ["model=smollm2_135m", "quant.compute_dtype=bf16", "train.batch_size=4",
-                                      "data.max_length=64", "train.fuse_projections=true"],
+                                      "data.max_length=64", "accel.fuse_projections=true"],
 }
 
 
@@ -62,8 +62,8 @@ def compose(overrides: list[str]):
     with initialize_config_dir(CONF, version_base="1.3"):
         mask = [] if any(o.startswith("adapter.dropout_mask=") for o in overrides) else \
             ["adapter.dropout_mask=torch"]  # what the stored measurements ran with, before the fast mask existed
-        if not any(o.startswith("train.fuse_projections=") for o in overrides):
-            mask.append("train.fuse_projections=false")  # and before fused projections
+        if not any(o.startswith("accel.fuse_projections=") for o in overrides):
+            mask.append("accel.fuse_projections=false")  # and before fused projections
         return hydra_compose("config", overrides=TRAIN + [f"device={os.environ.get('QFT_BENCH_DEVICE', 'cpu')}"]
                              + mask + overrides)
 

@@ -2,7 +2,7 @@
 
     python benchmarks/speed.py                      # SmolLM2-135M, BBC News, NF4, r=8 on all 7 projections
     python benchmarks/speed.py --seq 128 --steps 10 # the longer-sequence point
-    python benchmarks/speed.py --unfused            # also qft with train.fuse_projections=false, alternating
+    python benchmarks/speed.py --unfused            # also qft with accel.fuse_projections=false, alternating
     python benchmarks/speed.py --also quant.attention_dtype=fp32   # also qft with a switch, alternating
     python benchmarks/speed.py --reps 6 --target 2.2  # is 2.2x met? the repetitions' ratios as an interval
     python benchmarks/speed.py --read results/FILE.json --target 2.2   # the same, from a file already there
@@ -223,7 +223,7 @@ def worker(a) -> None:
     t0 = float(os.environ["QFT_BENCH_T0"])
     out = {"kind": a.worker}
     if a.worker == "qft_unfused":
-        a.qft_overrides = [*a.qft_overrides, "train.fuse_projections=false"]
+        a.qft_overrides = [*a.qft_overrides, "accel.fuse_projections=false"]
     if a.worker == "qft_also":
         a.qft_overrides = [*a.qft_overrides, *a.also]
     (run_baseline if a.worker == "baseline" else run_qft)(a, t0, out)
@@ -386,7 +386,7 @@ def main() -> None:
     ap.add_argument("--baseline-dtype", choices=["bf16", "fp32"], default="bf16",
                     help="the stock recipe's bnb_4bit_compute_dtype (bf16 is the published QLoRA recipe)")
     ap.add_argument("--unfused", action="store_true",
-                    help="also run qft with train.fuse_projections=false, in turn with the others (fusion's own gain)")
+                    help="also run qft with accel.fuse_projections=false, in turn with the others (fusion's own gain)")
     ap.add_argument("--also", action="append", default=[], metavar="OVERRIDE",
                     help="also run qft with this override added (repeatable), in turn with the others")
     ap.add_argument("--worker", choices=["qft", "qft_unfused", "qft_also", "baseline"])
@@ -395,7 +395,7 @@ def main() -> None:
     ap.add_argument("--target", type=float, help="a qft / stock ratio to judge the repetitions' interval against")
     ap.add_argument("--read", nargs="+", metavar="RESULT", help="run nothing: read results files again (each "
                     "repetition's ratio, their interval, --target's verdict, the ratio the matmul rate allows)")
-    ap.add_argument("qft_overrides", nargs="*", help="extra qft overrides, e.g. quant.cache_dequantized=true")
+    ap.add_argument("qft_overrides", nargs="*", help="extra qft overrides, e.g. accel.cache_dequantized=true")
     a = ap.parse_args()
     if a.worker:
         return worker(a)

@@ -73,10 +73,10 @@ def compose(batch: int, seq: int, steps: int, overrides: list[str]):
 def workload(cfg):
     """The model of a `compose`d config and one training step of it (step(i) trains on batch i), as `speed.py`'s qft
     run builds and trains it (no schedule)."""
-    from qft import data, model, run, train
+    from qft import data, model, run, schema, train
 
     batch = cfg.train.batch_size
-    train.tune_host_allocator(cfg.train)
+    train.tune_host_allocator(schema.accel_switches(cfg, "cpu")["host_allocator"])
     source = model.resolve(cfg.model, cfg.cache_dir)
     tokenizer = model.load_tokenizer(source)
     split = data.prepare(cfg.data, tokenizer, cfg.cache_dir).splits["train"]

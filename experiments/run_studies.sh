@@ -10,7 +10,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 export QFT_PROGRESS=${QFT_PROGRESS:-0}
-FAST=quant.cache_dequantized=true   # changes no number and no hash: only the speed
+FAST=accel.cache_dequantized=true   # changes no number and no hash: only the speed
 sweep() { echo "=== $(date +%T) $*"; $PY -m qft "$@" $FAST; }
 sweep +experiment=rank_sweep                                  # finding 1, BBC News, seed 0 (done)
 sweep +experiment=rank_sweep seed=1,2                         # ... seeds 1 and 2 (done)

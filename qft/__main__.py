@@ -58,7 +58,7 @@ def main(cfg) -> float | None:
         return None
     if os.environ.get("RANK", "0") != "0":  # a pipeline stage other than the first: rank 0 scores and reports
         return None
-    if cfg.sweep.get("blind", False):  # a blinded study's lanes: a skipped or finished run shows no score
+    if cfg.sweep.blind:  # a blinded study's lanes: a skipped or finished run shows no score
         print(f"qft: {rec['status']}: scores withheld (sweep.blind), record {run_dir / 'result.json'}")
     else:
         print(f"qft: {rec['status']}: test accuracy {(rec.get('final_accuracy') or {}).get('test')} "

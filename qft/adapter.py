@@ -13,22 +13,17 @@ from collections import Counter, defaultdict
 import torch
 from torch import nn
 
-from qft import layers as L
-from qft.errors import QftError, boolean, integer, number
+from qft import layers as L, schema
+from qft.errors import QftError, integer, number
 
 
 FIELDS = {"r": lambda k, v: integer(k, v, 0, what="an integer >= 0 (0 = no adapter)"),
           "alpha": lambda k, v: number(k, v, above=0)}
-DROPOUT_MASKS = ("torch", "fast")
 
 
 def check(cfg, depth: int | None = None) -> None:
     L.check_spec(cfg, "adapter", FIELDS, depth, other_keys=("dropout", "use_rslora", "dropout_mask", "shared_dropout"))
-    number("adapter.dropout", cfg.dropout, at_least=0, below=1, what="a number in [0, 1)")
-    boolean("adapter.use_rslora", cfg.use_rslora)
-    boolean("adapter.shared_dropout", cfg.get("shared_dropout", False))
-    if cfg.get("dropout_mask", "torch") not in DROPOUT_MASKS:
-        raise QftError("adapter.dropout_mask", cfg.dropout_mask, f"allowed: {', '.join(DROPOUT_MASKS)}")
+    schema.check(cfg, "adapter")
     for lt in L.LAYER_TYPES:
         for f in FIELDS:
             if cfg[lt].get(f) is None:  # check_spec made each layer type a map
@@ -94,12 +89,12 @@ def attach(model: nn.Module, cfg, layers: list[L.Layer], shared_input: tuple = L
     mark_quantized(model)
     peft_model = get_peft_model(model, lora_config(cfg, plan_))
     verify(peft_model, plan_, bool(cfg.use_rslora))
-    if cfg.get("dropout_mask", "torch") == "fast" and cfg.dropout > 0:
+    if cfg.dropout_mask == "fast" and cfg.dropout > 0:
         for module in peft_model.modules():
             if isinstance(getattr(module, "lora_dropout", None), nn.ModuleDict):
                 for key in module.lora_dropout:
                     module.lora_dropout[key] = FastDropout(cfg.dropout)
-    if cfg.get("shared_dropout", False) and cfg.dropout > 0:
+    if cfg.shared_dropout and cfg.dropout > 0:
         share_dropout(peft_model, layers, shared_input)
     return peft_model, plan_
 
@@ -159,7 +154,7 @@ def mark_quantized(model: nn.Module) -> None:
 
 class _MaskedScale(torch.autograd.Function):
     """x * keep / (1 - p) with keep = lanes >= threshold, keeping only the 1-byte mask for backward (torch's dropout
-    keeps a mask in x's dtype). Compiled (`train.compiled_masks`, qft.kernels): one pass, and where the output feeds
+    keeps a mask in x's dtype). Compiled (`accel.compiled_masks`, qft.kernels): one pass, and where the output feeds
     one matmul under bf16 autocast (`cast`) it is already the bf16 copy autocast would make of it, so the gradient
     comes back in bf16 and is widened in the same pass as it is masked: the same bits as the torch ops below. Not
     where several matmuls read one dropped input (adapter.shared_dropout): autograd would sum their gradients in
@@ -243,7 +238,7 @@ def draws(n: int, device: torch.device, compiled: bool) -> torch.Tensor:
 
 
 def compile_masks(model: nn.Module) -> list:
-    """Run every fast dropout mask of the model as one compiled pass (`train.compiled_masks`, qft.kernels): the same
+    """Run every fast dropout mask of the model as one compiled pass (`accel.compiled_masks`, qft.kernels): the same
     bits in fewer passes. Compiles (or loads numba's cached build) here, before any step, keeping torch's thread
     count. Returns the masks; none where numba is not installed, and torch's ops run as without."""
     try:

@@ -12,14 +12,12 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
+from qft import schema
 from qft.errors import QftError
 
-DEVICES = ("auto", "cpu", "cuda")
-CONF = str(Path(__file__).resolve().parent.parent / "conf")  # the Hydra config tree: every default lives there
-# maps whose keys the user names: transformers config fields (transformers takes any, and maps old names),
-# dataset labels, projections and depth groups (checked by qft.layers.check_spec), and an experiment's sweep grid
-OPEN = ("model.arch", "data.label_words", "adapter.projections", "adapter.depth_groups", "quant.projections",
-        "quant.depth_groups", "grid")
+DEVICES = schema.allowed("device")
+CONF = str(Path(__file__).resolve().parent.parent / "conf")  # the Hydra config tree: presets over qft.schema's keys
+OPEN = schema.OPEN  # maps whose keys the user names
 HEADER = re.compile(r"#\s*@package\s+(\S+)")
 
 
@@ -33,6 +31,8 @@ def _register() -> None:
     from omegaconf import OmegaConf
 
     OmegaConf.register_new_resolver("qft_equal_shares", equal_shares, replace=True)
+    OmegaConf.register_new_resolver("qft_exclude_keys", schema.exclude_keys, replace=True)
+    schema.register()
 
 
 _register()  # before any compose: every CLI and test composes through this module's CONF
@@ -51,16 +51,17 @@ def _package(text: str) -> str:
 
 
 def declared() -> dict[str, frozenset]:
-    """The keys the tree declares under each path ('' is the top), over every preset of every group.
+    """The keys qft.schema declares under each path ('' is the top), over every shape of every group.
 
     Hydra refuses a key the chosen presets lack unless it is appended with `+`; this is what makes an appended
     typo (`+train.stpes=5`) an error rather than a run on the defaults."""
-    return _tree()[0]
+    return schema.declared()
 
 
 @functools.cache
 def _tree() -> tuple[dict[str, frozenset], dict[str, list[str]]]:
-    """declared(), and the presets that declare each dotted key (`logger.dir` -> [`logger=tensorboard`])."""
+    """The keys each preset declares under each path, and the presets that declare each dotted key (`logger.dir` ->
+    [`logger=tensorboard`])."""
     import yaml
 
     nodes = []
@@ -72,7 +73,12 @@ def _tree() -> tuple[dict[str, frozenset], dict[str, list[str]]]:
         package = _package(text)
         path = () if package == "_global_" else group if package == "_group_" else tuple(package.split("."))
         preset = f"{'+' if group == ('experiment',) else ''}{'/'.join(group)}={f.stem}" if group else "config.yaml"
-        nodes.append((preset, path, yaml.safe_load(text) or {}))
+        content = yaml.safe_load(text) or {}
+        extends = [d for d in content.get("defaults") or [] if isinstance(d, str)]
+        own = {s: c for s, c in schema.GROUPS.get("/".join(group), {}).items() if s in extends}
+        for cls in own.values():  # a preset extending a schema declares the schema's keys
+            content = {**{k.path: k.default for k in schema.keys_of(cls, "")}, **content}
+        nodes.append((preset, path, content))
     return _walk(nodes)
 
 
@@ -130,7 +136,9 @@ def job_keys(hydra_cfg) -> dict[str, frozenset] | None:
     return chosen([*hydra_cfg.overrides.hydra, *hydra_cfg.overrides.task], hydra_cfg.job.config_name)
 
 
-def _unknown(path: str, keys: dict[str, frozenset] | None = None) -> str:
+def _unknown(path: str, keys: dict[str, frozenset] | None = None, key: str | None = None) -> str:
+    if key in schema.RETIRED:  # an older record's name for it
+        return f"moved to {schema.RETIRED[key]}"
     return f"unknown key; allowed under {path or 'the top level'}: {', '.join(sorted((keys or declared())[path]))}"
 
 
@@ -148,7 +156,7 @@ def check_keys(cfg, path: str = "", keys: dict[str, frozenset] | None = None) ->
     for key, value in cfg.items_ex(resolve=False):
         where = f"{path}.{key}" if path else str(key)
         if key not in declared()[path]:
-            raise QftError(where, value, _unknown(path))
+            raise QftError(where, value, _unknown(path, key=where))
         if keys is not None and key not in keys[path]:
             raise QftError(where, value, _elsewhere(where) or _unknown(path, keys))
         if isinstance(value, DictConfig) and where in declared() and (keys is None or where in keys):
@@ -158,6 +166,10 @@ def check_keys(cfg, path: str = "", keys: dict[str, frozenset] | None = None) ->
 def one_line(e: Exception) -> str:
     """Hydra's override error as one line; an unknown key names the keys allowed where it was put."""
     text = " ".join(str(e).split("Config search path")[0].split())  # Hydra appends its search path: noise here
+    typo = re.search(r"Key '[^']+' not in '[^']+' full_key: (\S+)", text)
+    if typo:  # a preset's key its group's schema does not declare (a user's own preset on hydra.searchpath)
+        parent = typo.group(1).rpartition(".")[0]
+        return f"{typo.group(1)}: {_unknown(parent)}" if parent in declared() else text
     m = re.match(r"Could not override '([^']+)'", text)
     parts = m.group(1).split(".") if m else []
     if parts[:1] == ["hydra"] or (len(parts) == 1 and (Path(CONF) / parts[0]).is_dir()):
@@ -168,7 +180,7 @@ def one_line(e: Exception) -> str:
         if path in OPEN or allowed is None:
             break
         if part not in allowed:
-            return f"{m.group(1)}: {_unknown(path)}"
+            return f"{m.group(1)}: {_unknown(path, key=m.group(1))}"
         path = f"{path}.{part}" if path else part
     elsewhere = _elsewhere(m.group(1)) if m else None
     if elsewhere:

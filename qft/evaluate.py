@@ -28,7 +28,8 @@ import numpy as np
 import torch
 
 from qft.data import Split, Task, batch
-from qft.errors import QftError, integer, one_of
+from qft import schema
+from qft.errors import QftError, integer
 from qft.model import autocast, device_of
 
 
@@ -115,7 +116,6 @@ def accuracy(model, task: Task, split_name: str, tokenizer, batch_size: int, dty
 
 # --------------------------------------------------------------------------- benchmarks (the evaluate group)
 
-BENCHMARKS = ("mmlu",)
 MMLU_LAYOUT = "a folder with MMLU's dev/<subject>_dev.csv and test/<subject>_test.csv (set QFT_MMLU_DIR)"
 LETTERS = ("A", "B", "C", "D")
 
@@ -165,17 +165,14 @@ def check(cfg) -> None:
     """Validate the evaluate group (None: no benchmark): the data is read here, so a bad CSV fails before training."""
     if cfg is None:
         return
-    one_of("evaluate.benchmark", cfg.get("benchmark"), BENCHMARKS)
+    schema.check(cfg, "evaluate", only=("benchmark",))
     folder, subjects = _selected(cfg)
     shots = cfg.shots
     fewest = min(len(read_mmlu_csv(folder / "dev" / f"{s}_dev.csv")) for s in subjects)
     for s in subjects:
         read_mmlu_csv(folder / "test" / f"{s}_test.csv")
     integer("evaluate.shots", shots, 0, fewest, f"an integer from 0 to {fewest} (the fewest dev examples of a subject)")
-    integer("evaluate.limit", cfg.limit, 1, what="an integer >= 1 (questions per subject) or null (all)", null=True)
-    integer("evaluate.batch_size", cfg.batch_size, 1)
-    if not isinstance(cfg.before_training, bool):
-        raise QftError("evaluate.before_training", cfg.before_training, "true or false")
+    schema.check(cfg, "evaluate", only=("limit", "batch_size", "before_training"))
     if importlib.util.find_spec("lm_eval") is None:
         raise QftError("evaluate.benchmark", "mmlu", "needs lm-eval-harness: pip install 'qft[paper]' (lm-eval>=0.4)")
 

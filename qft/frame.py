@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from qft.record import RECORD, cell_key, config_hash, flatten, read_examples
+from qft.schema import loaded
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -44,7 +45,7 @@ def row(rec: dict, path: Path) -> dict:
          "qft_commit": (rec.get("execution") or {}).get("qft_source") or (rec.get("execution") or {}).get("qft_commit"),
          "has_examples": bool(rec.get("examples")) and (path.parent / rec["examples"]).is_file(),
          "val_curve": rec.get("val_curve") or None, "val_loglik_curve": rec.get("val_loglik_curve") or None}
-    flat = flatten(rec.get("config") or {})
+    flat = flatten(loaded(rec.get("config") or {}))  # an older record's config as it meant it
     for key, short in AXES.items():
         r[short] = flat.get(key)
     for g, v in (rec.get("budget_ranks") or {}).items():  # a budget run's ranks were solved, not configured
@@ -91,7 +92,7 @@ def one_kind(kind_a, kind_b) -> bool:
 def record_kind(rec: dict) -> str | None:
     """A record's run kind, its evaluation batch size read from its config (unhashed, as it changes no training)."""
     return run_kind(rec.get("execution"), rec.get("versions"), rec.get("execution_history") or (),
-                    ((rec.get("config") or {}).get("train") or {}).get("eval_batch_size"))
+                    (loaded(rec.get("config") or {}).get("train") or {}).get("eval_batch_size"))
 
 
 def _kind(e: dict, versions: dict | None) -> str:

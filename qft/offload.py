@@ -15,32 +15,16 @@ import contextlib
 
 import torch
 
-from qft.errors import QftError, boolean, integer, integers, number, one_of
-
-MODES = ("none", "activations", "pipeline")
-SCHEDULES = ("gpipe", "1f1b")
-ROUTES = ("host", "neighbour")
+from qft import schema
+from qft.errors import QftError
 
 
 def check(cfg) -> None:
-    one_of("offload.mode", cfg.mode, MODES)
-    one_of("offload.schedule", cfg.schedule, SCHEDULES)
-    one_of("offload.route", cfg.route, ROUTES)
-    for key in ("stages", "micro_batches"):
-        integer(f"offload.{key}", cfg[key], 1)
+    schema.check(cfg, "offload")
     if cfg.mode == "pipeline" and cfg.stages < 2:
         raise QftError("offload.stages", cfg.stages, "offload.mode=pipeline needs 2 or more stages")
     if cfg.mode != "pipeline" and cfg.stages != 1:
         raise QftError("offload.stages", cfg.stages, "1 unless offload.mode=pipeline")
-    boolean("offload.prefetch", cfg.prefetch)
-    number("offload.device_budget_gb", cfg.device_budget_gb, above=0, what="a number of GiB > 0, or null", null=True)
-    for key, words, items in (("split", ("memory", "uniform"), "stage boundaries (layer indices)"),
-                              ("offload_stages", ("auto",), "stage indices")):
-        value, what = cfg.get(key, words[0]), f"{', '.join(words)}, or a list of {items}"
-        if isinstance(value, str):
-            one_of(f"offload.{key}", value, words)
-        else:
-            integers(f"offload.{key}", value, 0, what)
 
 
 class ActivationOffload(torch.autograd.graph.saved_tensors_hooks):

@@ -20,28 +20,16 @@ from pathlib import Path
 import numpy as np
 from omegaconf import OmegaConf
 
-from qft import atomic, data, model
+from qft import atomic, data, model, schema
 
 RECORD = "result.json"
 SCHEMA = 2
-# Keys that change how a run is executed, resumed, logged, evaluated along the way or swept, not what it computes
-# (the speed and memory switches are tested to give the same losses and gradients; the evaluation keys to give the
-# same loss curve and adapter).
-_NOT_HASHED = {("train", "resume"), ("train", "stop_after_steps"), ("train", "host_allocator"), ("train", "eval_every"),
-               ("train", "fuse_projections"), ("train", "compiled_masks"), ("train", "compiled_sums"),
-               ("train", "compiled_rope"), ("train", "split_rows"), ("train", "checkpoint_every"), ("train", "eval_batch_size"),
-               ("train", "zero_shot"), ("experiment",), ("cache_dir",), ("sweep",), ("grid",), ("logger",),
-               ("quant", "cache_dequantized"), ("quant", "cache_quantized"), ("offload",),
-               ("budget", "bits_records")}  # read by python -m qft.budget only, never by a run
-# Keys added after records existed, at the value that meant the behaviour before them: a record's config that
-# lacks one is hashed with it, so the report still pools such records with newer ones of the same computation.
-_THEN = {("adapter", "dropout_mask"): "torch"}
-# Keys added after records existed whose default computes what was computed before them: at that value they are left
-# out of the hash, so earlier records (and checkpoints of runs in flight) still match a config that has them.
-_ABSENT_AT = {("adapter", "shared_dropout"): False, ("quant", "attention_dtype"): "compute",
-              ("data", "test_stream"): "shared"}
-# Settings applied in the order written, the later winning: their order is part of what a run computes.
-_ORDERED = (("adapter", "depth_groups"), ("quant", "depth_groups"))
+# What the hash leaves out, what an older record lacking a key is hashed with, what is left out at the value that
+# computed what came before, and which settings keep their order: each declared with its key in qft.schema.
+_NOT_HASHED = schema.not_hashed()
+_THEN = schema.hashed_with()
+_ABSENT_AT = schema.hashed_without()
+_ORDERED = schema.ORDERED
 
 
 def resolved(cfg) -> dict:
@@ -56,14 +44,14 @@ def inputs(cfg) -> dict:
     out = {"data_format": data.FORMAT}
     if cfg.data.source == "local" and cfg.data.path:
         out["data_file"] = model.content_digest(Path(os.path.expanduser(str(cfg.data.path))), cache)
-    if cfg.model.get("path"):
+    if cfg.model.path:
         out["model_files"] = model.content_digest(Path(os.path.expanduser(str(cfg.model.path))), cache)
-    elif cfg.model.get("source") == "pypi_gguf":
+    elif cfg.model.source == "pypi_gguf":
         spec = importlib.util.find_spec(cfg.model.package)
         if spec is not None and spec.origin is not None:
             out["model_files"] = model.packaged_digest(cfg.model.package, cfg.model.file, cache)
-    b = cfg.get("budget") or {}
-    if b.get("params") is not None and b.get("method") == "fitted" and b.get("records"):
+    b = cfg.budget
+    if b.params is not None and b.method == "fitted" and b.records:
         folder = Path(os.path.expanduser(str(b.records)))
         out["budget_records"] = hashlib.sha256("".join(
             f"{p.relative_to(folder)}:{model.content_digest(p, cache)}\n" for p in sorted(folder.rglob(RECORD))
@@ -200,9 +188,9 @@ def _code_identity() -> dict:
 _CODE = _code_identity()
 
 
-# execution switches (train.*): here the config's ask; once a run has built its model, whether each was installed
+# execution switches (accel.*): here the config's ask; once a run has built its model, whether each was installed
 # (run.build)
-SWITCHES = ("compiled_masks", "compiled_sums", "compiled_rope", "split_rows")
+SWITCHES = tuple(k for k in schema.cpu_only("accel") if k != "fuse_projections")  # fusion is recorded apart
 
 
 def execution(cfg) -> dict:
@@ -211,10 +199,12 @@ def execution(cfg) -> dict:
     import torch
 
     cpu, kind = cpu_kind()
+    dev = "cuda" if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()) else "cpu"
     return {**_CODE, "qft_version": versions_of(("qft",))["qft"], "cpu": cpu, "cpu_id": cpu_id(),
             "cpu_kind": kind, "threads": torch.get_num_threads(), "compute_dtype": cfg.quant.compute_dtype,
-            "fuse_projections": bool(cfg.train.get("fuse_projections", False)),
-            **{k: bool(cfg.train.get(k, False)) for k in SWITCHES}, "torch": torch.__version__,
+            "accel": schema.accel_mode(cfg, dev),
+            **{k: bool(v) for k, v in schema.accel_switches(cfg, dev).items() if k in ("fuse_projections", *SWITCHES)},
+            "torch": torch.__version__,
             "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
 
 

@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from qft import adapter, budget, data, evaluate, fuse, layers, logger, model, pipeline, quant, record, train, validate
+from qft import (adapter, budget, data, evaluate, fuse, layers, logger, model, pipeline, quant, record, schema, train,
+                 validate)
 from qft.planning import stages
 from qft.errors import QftError
 
@@ -62,7 +63,7 @@ def _run(cfg, run_dir: Path, keys) -> dict:
             print(f"qft: {run_dir} already holds an ok record of this config; skipped (sweep.force=true reruns it)")
             return previous
         record.reset_peak_memory(device)
-        train.tune_host_allocator(cfg.train)
+        train.tune_host_allocator(schema.accel_switches(cfg, device.type)["host_allocator"])
         source = model.resolve(cfg.model, cfg.cache_dir)
         rec["budget_ranks"] = budget.apply(cfg, budget.meta_layers(source)) if cfg.budget.params is not None else None
         validate.validate(cfg, depth=source.num_layers)
@@ -75,7 +76,7 @@ def _run(cfg, run_dir: Path, keys) -> dict:
             rec["execution"]["pipeline"] = {"layers": stage_plan.layers, "micro_batches": cfg.offload.micro_batches}
             device = pipeline.init(cfg, device)
         tokenizer = model.load_tokenizer(source)
-        task = data.prepare(cfg.data, tokenizer, cfg.cache_dir)
+        task = data.prepare(cfg.data, tokenizer, cfg.cache_dir, cfg.seed)
         tracker = logger.make(cfg.logger, run_dir, cfg.experiment)
         tracker.params(record.flatten(rec["config"]))
         t_load = time.time()
@@ -146,30 +147,31 @@ def build(cfg, source: model.Source, device: torch.device, trains_on: torch.devi
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     net = model.load(source)
-    model.attention_dtype(net, cfg.quant.get("attention_dtype", "compute"))
+    model.attention_dtype(net, cfg.quant.attention_dtype)
     projections = layers.classify(net, source.model_type)
-    cached = quant.cache_file(cfg.quant, projections, model.fingerprint(source), device, cfg.cache_dir) \
-        if cfg.quant.get("cache_quantized", True) else None
-    bits = quant.quantize(net, cfg.quant, projections, device, cached)
+    cpu = (trains_on or device).type == "cpu"  # the compiled loops are CPU code
+    accel = schema.accel_switches(cfg, "cpu" if cpu else "cuda")
+    cached = quant.cache_file(cfg.quant, projections, model.fingerprint(source), device, cfg.cache_dir,
+                              accel["cache_dequantized"]) if accel["cache_quantized"] else None
+    bits = quant.quantize(net, cfg.quant, projections, device, cached, accel["cache_dequantized"])
     base_bytes = quant.base_bytes(net, projections)
     net, plan = adapter.attach(net, cfg.adapter, projections, layers.architecture(source.model_type).shared_input)
-    cpu = (trains_on or device).type == "cpu"  # the compiled loops are CPU code
     # the record's execution switches as installed: where the config asks, training is on the CPU and the switch
     # found something to change (no numba, no fast masks, no fused groups, a refused rotary form: off)
     ran = dict.fromkeys(record.SWITCHES, False)
-    if cfg.train.get("compiled_masks", False) and cpu:
+    if accel["compiled_masks"] and cpu:
         ran["compiled_masks"] = bool(adapter.compile_masks(net))
-    if cfg.train.get("compiled_rope", False) and cpu:
+    if accel["compiled_rope"] and cpu:
         ran["compiled_rope"] = bool(model.compile_rope(net))
     # fusion on the CPU only: on CUDA, where cuBLAS promises no column its bits inside a wider matmul, it has not been
     # shown to change no number (scripts/gpu_check.py compares it there); the record says whether it ran
-    ran["fuse_projections"] = bool(cfg.train.get("fuse_projections", False)) and cpu
+    ran["fuse_projections"] = bool(accel["fuse_projections"]) and cpu
     if ran["fuse_projections"]:
         fuse.install(net, projections, source.model_type)
-        if cfg.train.get("compiled_sums", False):
+        if accel["compiled_sums"]:
             ran["compiled_sums"] = bool(fuse.compile_sums(net))
         # the halves are for matmuls on several threads (`fuse._linear`): at one thread the switch never splits
-        if cfg.train.get("split_rows", False) and threads > 1:
+        if accel["split_rows"] and threads > 1:
             ran["split_rows"] = bool(fuse.split_rows(net))
     depth_groups = {g: tuple(v["layers"]) for g, v in (cfg.adapter.depth_groups or {}).items()} or None
     if torch.get_num_threads() != threads:

@@ -22,54 +22,29 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from qft.data import Task, batch
-from qft.errors import QftError, boolean, integer, number, one_of
-from qft import atomic, offload
+from qft.errors import QftError
+from qft import atomic, offload, schema
 from qft.model import autocast, device_of
 
-OPTIMIZERS = ("adamw", "adamw8bit", "paged_adamw8bit")
-SCHEDULES = ("cosine", "linear", "constant")
-ALLOCATORS = ("tuned", "default")
 
 
 def check(cfg, device: str) -> None:
-    integer("train.steps", cfg.steps, 1)
-    integer("train.batch_size", cfg.batch_size, 1)
-    integer("train.grad_accum", cfg.grad_accum, 1)
-    integer("train.eval_batch_size", cfg.eval_batch_size, 1)
-    for key in ("warmup_steps", "eval_every", "checkpoint_every"):
-        integer(f"train.{key}", cfg[key], 0)
-    number("train.lr", cfg.lr, above=0)
-    number("train.weight_decay", cfg.weight_decay, at_least=0)
-    number("train.max_grad_norm", cfg.max_grad_norm, at_least=0, null=True,
-           what="a number >= 0, the gradient norm's bound (0 or null: no clipping)")
-    for key in ("gradient_checkpointing", "zero_shot"):
-        boolean(f"train.{key}", cfg[key])
-    one_of("train.optimizer", cfg.optimizer, OPTIMIZERS)
+    """The declared checks of every train key (qft.schema), then what depends on the device."""
+    schema.check(cfg, "train")
     if cfg.optimizer != "adamw" and device != "cuda":
         raise QftError("train.optimizer", cfg.optimizer, "8-bit and paged AdamW need CUDA; on CPU use adamw")
-    one_of("train.schedule", cfg.schedule, SCHEDULES)
-    if not (isinstance(cfg.resume, bool) or cfg.resume == "auto"):  # 1 == True would pass `in`, then act as auto
-        raise QftError("train.resume", cfg.resume, "true, false or auto (resume when the checkpoint is this config's)")
-    if cfg.stop_after_steps is not None:
-        integer("train.stop_after_steps", cfg.stop_after_steps, 1)
-    if cfg.get("host_allocator", "default") not in ALLOCATORS:
-        raise QftError("train.host_allocator", cfg.host_allocator, f"allowed: {', '.join(ALLOCATORS)}")
-    boolean("train.fuse_projections", cfg.get("fuse_projections", False))
-    boolean("train.compiled_masks", cfg.get("compiled_masks", False))
-    boolean("train.compiled_sums", cfg.get("compiled_sums", False))
-    boolean("train.compiled_rope", cfg.get("compiled_rope", False))
-    boolean("train.split_rows", cfg.get("split_rows", False))
 
 
-def tune_host_allocator(cfg) -> bool:
-    """Keep freed host memory in glibc's heap instead of returning it to the kernel.
+def tune_host_allocator(how: str) -> bool:
+    """With `how` "tuned" (accel.host_allocator), keep freed host memory in glibc's heap instead of returning it to
+    the kernel; "default" leaves glibc as it is. Returns whether it tuned.
 
     By default glibc serves every block over its mmap threshold (128 KiB, adapting up to 32 MiB) with a
     fresh mmap and unmaps it on free, so each step's activations page-fault and are zeroed again: about 7%
     of a SmolLM2 step on 2 CPU cores. The peak stays the live tensors' peak; only the give-back is deferred.
     Changes no number (tests/test_speed_switches.py); a no-op outside glibc.
     """
-    if cfg.get("host_allocator", "default") != "tuned" or not sys.platform.startswith("linux"):
+    if how != "tuned" or not sys.platform.startswith("linux"):
         return False
     import ctypes
 

@@ -7,9 +7,9 @@ depth is known (from its config, before any weight is read).
 
 from __future__ import annotations
 
-from qft import adapter, budget, data, evaluate, logger, model, offload, quant, train
+from qft import adapter, budget, data, evaluate, logger, model, offload, quant, schema, train
 from qft.config import check_keys, device
-from qft.errors import QftError, boolean, integer, text
+from qft.errors import QftError
 
 
 def validate(cfg, depth: int | None = None, planning: bool = False, files: bool = True, keys=None) -> str:
@@ -22,10 +22,8 @@ def validate(cfg, depth: int | None = None, planning: bool = False, files: bool 
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         raise QftError(missing[0], "???", "required: set it on the command line")
-    text("cache_dir", cfg.cache_dir, "a folder for converted models and tokenized data")
-    integer("seed", cfg.seed, 0, 2**32 - 1)  # numpy's seed range
-    boolean("sweep.force", cfg.sweep.force)
-    boolean("sweep.blind", cfg.sweep.get("blind", False))
+    schema.check(cfg, "", only=("cache_dir", "seed"))
+    schema.check(cfg.sweep, "sweep")
     dev = device(cfg, planning)
     model.check(cfg.model, files)
     budget.check(cfg.budget)
@@ -35,6 +33,7 @@ def validate(cfg, depth: int | None = None, planning: bool = False, files: bool 
     train.check(cfg.train, dev)
     logger.check(cfg.logger)
     offload.check(cfg.offload)
+    schema.check(cfg.accel, "accel")
     if files:
         evaluate.check(cfg.get("evaluate"))
     if cfg.quant.compute_dtype == "fp16":

@@ -41,7 +41,7 @@ RESULTS: dict = {}  # name -> (status, detail): later rows read earlier ones (th
 
 
 def cfg(*overrides):
-    c = config.compose(["model=tiny_llama", "device=cuda" if CUDA else "device=cpu", "quant.cache_quantized=false",
+    c = config.compose(["model=tiny_llama", "device=cuda" if CUDA else "device=cpu", "accel.cache_quantized=false",
                         "adapter.dropout=0.0", *overrides], "gpu_check")
     for k, v in SHAPE.items():
         c.model.arch[k] = v
@@ -264,7 +264,7 @@ def _():
     if not CUDA:
         return NO_CUDA
     out = []
-    for preset in ("quant=none", "quant.cache_dequantized=true"):  # the groups that fuse there: stored weights
+    for preset in ("quant=none", "accel.cache_dequantized=true"):  # the groups that fuse there: stored weights
         got = []
         for fused in (False, True):
             net = built(cfg(preset, "quant.compute_dtype=bf16"), fused)

@@ -76,7 +76,7 @@ def test_step_ops_times_every_op_of_a_real_step():
     # every op, each once: the rows add up to the time in ops, within the printed rounding (0.005 ms a row)
     assert sum(ms for ms, _, _ in ops.values()) == pytest.approx(1e3 * in_ops, abs=0.05 + 0.005 * len(ops))
     assert ops["aten._scaled_dot_product_flash_attention_for_cpu_backward"][2] == 4  # tiny_llama: 4 layers
-    # one fast dropout mask per adapted projection, drawn, applied and undone by compiled loops (train.compiled_masks)
+    # one fast dropout mask per adapted projection, drawn, applied and undone by compiled loops (accel.compiled_masks)
     assert ops["qft.kernels.random_bits"][2] == ops["qft.kernels.drop"][2] == 4 * 7
     assert ops["qft.kernels.undrop"][2] == 4 * 7 - 3  # layer 0's q/k/v read the embedding, which needs no gradient
     assert ops["qft.kernels.lora_sum"][2] == 4 * 7 and "aten.random_" not in ops  # bf16 attention: o sums in bf16
@@ -134,11 +134,11 @@ def test_compiled_masks_without_masks_exits_2_with_one_line(tmp_path):
 
 def test_compiled_sums_without_fusion_exits_2_with_one_line(tmp_path):
     out = subprocess.run([sys.executable, "benchmarks/compiled.py", "--loops", "sums", "--out", str(tmp_path),
-                          "model=tiny_llama", "train.fuse_projections=false"], cwd=ROOT, capture_output=True, text=True,
+                          "model=tiny_llama", "accel.fuse_projections=false"], cwd=ROOT, capture_output=True, text=True,
                          timeout=600)
     assert out.returncode == 2 and out.stdout == "" and not list(tmp_path.iterdir())
     assert out.stderr.strip().splitlines() == [out.stderr.strip().splitlines()[-1]]
-    assert out.stderr.startswith("compiled.py: error: train.fuse_projections=False")
+    assert out.stderr.startswith("compiled.py: error: accel.fuse_projections=False")
 
 
 def startup(tmp_path, *args):

@@ -9,10 +9,10 @@ from qft.errors import QftError
 from conftest import make_cfg
 
 
-def prepare(tokenizer, *overrides, cache=None):
+def prepare(tokenizer, *overrides, cache=None, seed=None):
     """A task prepared into a fresh cache (or `cache`), so what is tested is today's code, never a cached result."""
     cfg = make_cfg(*overrides)
-    return data.prepare(cfg.data, tokenizer, cache or tempfile.mkdtemp(prefix="qft-data-")), cfg
+    return data.prepare(cfg.data, tokenizer, cache or tempfile.mkdtemp(prefix="qft-data-"), seed), cfg
 
 
 def test_splits_are_seeded_disjoint_and_stratified():
@@ -27,6 +27,23 @@ def test_splits_are_seeded_disjoint_and_stratified():
     assert sum(lab == "tech" for _, lab in a["test"]) == 10
     other = make_cfg("data.train_size=100", "data.val_size=25", "data.test_size=50", "data.split_seed=1")
     assert data.split(raw, other.data)["test"] != a["test"]
+
+
+def test_split_seed_seed_draws_each_run_seeds_own_training_split_and_keeps_one_cell(tokenizer):
+    """data.split_seed=seed: seeds 1 and 2 draw different training and validation documents (each the split an
+    integer split_seed of that value draws), the same whole official test split, and their records share one cell
+    key, so the report pools them as one cell's seeds."""
+    sizes = ("data=reuters_r8", "data.train_size=40", "data.val_size=16", "data.test_size=2189")
+    tasks = {s: prepare(tokenizer, *sizes, "data.split_seed=seed", f"seed={s}", seed=s)[0] for s in (1, 2)}
+    fixed = prepare(tokenizer, *sizes, "data.split_seed=2")[0]
+    assert tasks[1].splits["train"].prompts != tasks[2].splits["train"].prompts
+    assert tasks[1].splits["val"].prompts != tasks[2].splits["val"].prompts
+    assert sorted(map(tuple, tasks[1].splits["test"].prompts)) == sorted(map(tuple, tasks[2].splits["test"].prompts))
+    assert tasks[2].splits == fixed.splits and tasks[2].cache_key == fixed.cache_key and tasks[1].cache_key != tasks[2].cache_key
+    keys = {record.cell_key(record.resolved(make_cfg("data.split_seed=seed", f"seed={s}"))) for s in (1, 2)}
+    assert len(keys) == 1
+    with pytest.raises(QftError, match="data.split_seed"):
+        data.prepare(make_cfg("data.split_seed=seed").data, tokenizer, tempfile.mkdtemp(prefix="qft-data-"))
 
 
 def test_prompt_frames_text_and_answer_is_the_label_word(tokenizer):

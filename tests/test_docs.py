@@ -357,8 +357,8 @@ PLANS = sorted((ROOT / "experiments").glob("*/plan.yaml"))
 
 @pytest.mark.parametrize("plan", PLANS, ids=[p.parent.name for p in PLANS])
 def test_every_declared_cell_is_one_configuration_the_study_runs(plan, tmp_path):
-    """Each cell of a study's declared contrasts matches exactly one of the configurations its README's commands run
-    (one seed each): a cell named too loosely (finding 2's reference against its depth cells, whose attention and MLP
+    """Each cell of a study's declared contrasts matches at most one of the configurations its README's commands run
+    (one seed each) on each dataset, and both cells match one on some dataset: a cell named too loosely (finding 2's reference against its depth cells, whose attention and MLP
     alphas are the reference's) or one no command makes would leave its contrast without a verdict."""
     import json
 
@@ -381,10 +381,12 @@ def test_every_declared_cell_is_one_configuration_the_study_runs(plan, tmp_path)
             {"status": "ok", "config": conf, "seed": 0, "final_accuracy": {"test": 0.5}}))
     df = report.collect([tmp_path])
     assert len(set(df.config_key)) == len(configs)
-    for source, ok in df.groupby("cfg.data.source"):  # the report reads a plan on each dataset's records apart
-        for c in report.read_plan(plan)["contrasts"]:
-            for side in ("a", "b"):
-                assert len(declared.cell_keys(ok, c[side])) == 1, (plan.parent.name, source, c["name"], side)
+    for c in report.read_plan(plan)["contrasts"]:  # the report reads a plan on each dataset's records apart
+        found = {source: [len(declared.cell_keys(ok, c[side])) for side in ("a", "b")]
+                 for source, ok in df.groupby("cfg.data.source")}
+        # never two configurations for a cell; on some dataset (a study of candidates: one of them) both cells run
+        assert all(n <= 1 for ns in found.values() for n in ns), (plan.parent.name, c["name"], found)
+        assert [1, 1] in found.values(), (plan.parent.name, c["name"], found)
 
 
 @pytest.mark.reproduce

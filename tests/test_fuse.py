@@ -17,7 +17,7 @@ ANSWERS = [[100], [200, 201, 202], [300, 301]]
 
 def outputs(fused, dtype, *overrides, checkpointing=False, prompts=PROMPTS, answers=ANSWERS):
     torch.manual_seed(0)
-    _, _, built = build(f"train.fuse_projections={fused}", f"quant.compute_dtype={dtype}", "adapter.dropout=0.1",
+    _, _, built = build(f"accel.fuse_projections={fused}", f"quant.compute_dtype={dtype}", "adapter.dropout=0.1",
                         *overrides)
     net = built.model
     if checkpointing:  # as qft.train enables it: the layer's forward runs again in backward
@@ -71,7 +71,7 @@ def fused_outputs(dtype, *extra, **kw):
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 @pytest.mark.parametrize("extra,groups", [  # tiny_llama's 4 layers: q/k/v, o, gate/up and down each a group
     (["quant=nf4"], 16),
-    (["quant=nf4", "quant.cache_dequantized=true"], 16),
+    (["quant=nf4", "accel.cache_dequantized=true"], 16),
     (["quant=none"], 16),
     (["quant=attn8_mlp4"], 8),  # int8 attention runs unfused
     (["quant=nf4", "+quant.projections.k_proj={bits:8}", "adapter.mlp.r=2", "adapter.attn.alpha=4"], 20),  # q, v alone
@@ -105,7 +105,7 @@ def test_group_matmul_is_each_members_own_to_rounding(dtype, quant):
     Any order of a length-K dot product's sum lies within gamma_K = K u / (1 - K u) of |x| |w| of the exact sum
     (Higham, Accuracy and Stability of Numerical Algorithms, 3.1), plus one rounding of the output to the dtype;
     a wrong slice, weight, bias or cast is off by far more. Where the machine is width-invariant, equal bits."""
-    _, _, built = build("train.fuse_projections=true", quant, f"quant.compute_dtype={'bf16' if dtype == torch.bfloat16 else 'fp32'}")
+    _, _, built = build("accel.fuse_projections=true", quant, f"quant.compute_dtype={'bf16' if dtype == torch.bfloat16 else 'fp32'}")
     g = torch.Generator().manual_seed(0)
     for group in built.model._qft_fused:
         for rows in (1, 7, 27, 64):
@@ -124,7 +124,7 @@ def test_group_matmul_is_each_members_own_to_rounding(dtype, quant):
 
 
 def test_groups_follow_the_registry_and_keep_peft_modules():
-    _, _, built = build("train.fuse_projections=true", "quant=nf4")
+    _, _, built = build("accel.fuse_projections=true", "quant=nf4")
     base = built.model.get_base_model()
     names = sorted(tuple(g.names) for g in built.model._qft_fused)
     assert names == sorted([("q_proj", "k_proj", "v_proj"), ("o_proj",), ("gate_proj", "up_proj"), ("down_proj",)] * 4)
@@ -133,7 +133,7 @@ def test_groups_follow_the_registry_and_keep_peft_modules():
 
 
 def test_dense_group_is_one_storage_and_remove_gives_it_back():
-    _, _, built = build("train.fuse_projections=true", "quant=none")
+    _, _, built = build("accel.fuse_projections=true", "quant=none")
     group = built.model._qft_fused[0]
     q, k = (b.weight for b in group.bases[:2])
     assert q.untyped_storage().data_ptr() == k.untyped_storage().data_ptr() == group.storage.data_ptr()
@@ -146,7 +146,7 @@ def test_dense_group_is_one_storage_and_remove_gives_it_back():
 def test_merge_unmerge_and_disabled_adapters_step_aside():
     """Where peft's state is not plain LoRA the group runs each projection as peft does: the same outputs as an
     unfused model in the same state."""
-    ref, fused = (build(f"train.fuse_projections={f}", "quant=none", "quant.compute_dtype=fp32")[2].model
+    ref, fused = (build(f"accel.fuse_projections={f}", "quant=none", "quant.compute_dtype=fp32")[2].model
                   for f in ("false", "true"))
     for net in (ref, fused):
         spread_lora_b(net)
@@ -167,7 +167,7 @@ def test_merge_unmerge_and_disabled_adapters_step_aside():
 
 
 def test_fusion_is_an_execution_setting_recorded_outside_the_hash():
-    on, off = make_cfg("train.fuse_projections=true"), make_cfg("train.fuse_projections=false")
+    on, off = make_cfg("accel.fuse_projections=true"), make_cfg("accel.fuse_projections=false")
     assert record.config_hash(on) == record.config_hash(off)
     assert record.execution(on)["fuse_projections"] is True
     assert record.execution(off)["fuse_projections"] is False
@@ -204,10 +204,10 @@ def test_row_halves_change_no_numbers_in_a_model(monkeypatch, two_threads, dtype
             backward.pop()
     monkeypatch.setattr(fuse._Member, "backward", staticmethod(member_backward))
     kw = dict(checkpointing=checkpointing, prompts=LONG_PROMPTS, answers=LONG_ANSWERS)
-    built, loss, grads, _ = outputs("true", dtype, "train.split_rows=true", *extra, **kw)  # 4 layers: shapes recur
+    built, loss, grads, _ = outputs("true", dtype, "accel.split_rows=true", *extra, **kw)  # 4 layers: shapes recur
     assert all(g.split_rows for g in built.model._qft_fused)
     decided = dict(fuse._HALVES)
-    _, ref_loss, ref_grads, _ = outputs("true", dtype, "train.split_rows=false", *extra, **kw)
+    _, ref_loss, ref_grads, _ = outputs("true", dtype, "accel.split_rows=false", *extra, **kw)
     assert fuse._HALVES == decided  # the run without the switch decided nothing
     assert torch.equal(loss, ref_loss)
     assert all(torch.equal(grads[k], ref_grads[k]) for k in ref_grads)
@@ -264,7 +264,7 @@ def test_row_halves_decide_at_a_shapes_second_call_and_never_in_evaluation(monke
     for _ in range(2):
         fuse._linear(torch.randn(7, 16, 32), w, b, True)
     assert len(decisions) == 3  # two threads: a key of its own
-    _, _, built = build("train.fuse_projections=true", "train.split_rows=true")
+    _, _, built = build("accel.fuse_projections=true", "accel.split_rows=true")
     net, ids = built.model, torch.tensor([PROMPTS[2]])
     with torch.no_grad():
         for _ in range(2):
@@ -276,17 +276,17 @@ def test_row_halves_decide_at_a_shapes_second_call_and_never_in_evaluation(monke
 
 
 def test_split_rows_is_an_execution_setting_recorded_outside_the_hash():
-    on, off = make_cfg("train.split_rows=true"), make_cfg("train.split_rows=false")
+    on, off = make_cfg("accel.split_rows=true"), make_cfg("accel.split_rows=false")
     assert record.config_hash(on) == record.config_hash(off)
     assert record.execution(on)["split_rows"] is True and record.execution(off)["split_rows"] is False
 
 
 def test_split_rows_is_recorded_as_what_ran_one_thread_never_splits(two_threads):
     """At one thread the halves never run (`fuse._linear`): the switch is not installed and the record says false."""
-    _, _, built = build("train.fuse_projections=true", "train.split_rows=true")
+    _, _, built = build("accel.fuse_projections=true", "accel.split_rows=true")
     assert built.ran["split_rows"] is True and all(g.split_rows for g in built.model._qft_fused)
     torch.set_num_threads(1)
-    _, _, built = build("train.fuse_projections=true", "train.split_rows=true")
+    _, _, built = build("accel.fuse_projections=true", "accel.split_rows=true")
     assert built.ran["split_rows"] is False and not any(g.split_rows for g in built.model._qft_fused)
     assert built.model._qft_fused  # fused all the same
 
@@ -311,7 +311,7 @@ def test_mixed_bias_groups_make_their_zeros_on_the_members_device():
 def test_an_input_changed_in_place_is_not_served_from_the_groups_cache():
     """The group computes its frozen matmul once per input for all members; an input changed in place between two
     members' calls (same tensor, new `_version`) is computed anew, as the unfused members would."""
-    _, _, built = build("train.fuse_projections=true", "quant=none", "quant.compute_dtype=fp32", "adapter.dropout=0.0")
+    _, _, built = build("accel.fuse_projections=true", "quant=none", "quant.compute_dtype=fp32", "adapter.dropout=0.0")
     spread_lora_b(built.model)
     group = next(g for g in built.model._qft_fused if len(g.members) == 3)
     x = torch.randn(2, 5, group.bases[0].in_features)

@@ -62,9 +62,12 @@ def test_no_private_helper_imported_across_modules():
 
 
 def test_one_config_home():
-    """CONF and compose live in qft/config.py, which imports no config group's module (every CLI can use it)."""
+    """CONF and compose live in qft/config.py, which imports no config group's module (every CLI can use it): only the
+    schema, which imports nothing but the error type."""
     mods, _ = _imports(QFT / "config.py")
-    assert mods <= {"errors"}
+    assert mods <= {"errors", "schema"}
+    for path in (QFT / "schema").glob("*.py"):
+        assert _imports(path)[0] <= {"errors", "schema", "schema.groups", "schema.spec"}, path
     for path in list(QFT.parent.glob("tests/*.py")) + list(QFT.parent.glob("benchmarks/*.py")) + [QFT / "__main__.py"]:
         assert "Path(__file__).resolve().parent.parent / \"conf\"" not in path.read_text(), path
 

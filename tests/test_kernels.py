@@ -1,6 +1,6 @@
-"""The compiled loops (qft.kernels) give the very bits torch's ops give: train.compiled_masks (the fast dropout mask as
-one pass), train.compiled_sums (a projection's frozen and scaled LoRA outputs summed in one pass) and
-train.compiled_rope (the rotary embedding of q and k in one pass)."""
+"""The compiled loops (qft.kernels) give the very bits torch's ops give: accel.compiled_masks (the fast dropout mask as
+one pass), accel.compiled_sums (a projection's frozen and scaled LoRA outputs summed in one pass) and
+accel.compiled_rope (the rotary embedding of q and k in one pass)."""
 
 import collections
 import os
@@ -103,7 +103,7 @@ elif sys.argv[1] == "rope":  # the rotary loop's install, whose probe runs a com
     assert model.compile_rope(model.load(model.resolve(cfg.model, cfg.cache_dir)))
 else:  # a whole build whose first compiled install is the rotary loop's (no masks to install first)
     from qft import run
-    cfg = make_cfg("train.compiled_masks=false")
+    cfg = make_cfg("accel.compiled_masks=false")
     assert run.build(cfg, model.resolve(cfg.model, cfg.cache_dir), torch.device("cpu")).ran["compiled_rope"]
 print(before, torch.get_num_threads())
 """
@@ -150,11 +150,11 @@ def model_of(*overrides):
 
 @pytest.mark.parametrize("extra", [["quant.compute_dtype=bf16"], ["quant.compute_dtype=fp32"],
                                    ["quant.compute_dtype=bf16", "adapter.shared_dropout=true"],
-                                   ["quant.compute_dtype=bf16", "train.fuse_projections=false"],
+                                   ["quant.compute_dtype=bf16", "accel.fuse_projections=false"],
                                    ["quant.compute_dtype=bf16", "train.gradient_checkpointing=true"]])
 def test_compiled_masks_change_no_numbers_in_a_model(extra):
-    net, loss, grads = loss_and_grads("train.compiled_masks=true", *extra)
-    _, ref_loss, ref_grads = loss_and_grads("train.compiled_masks=false", *extra)
+    net, loss, grads = loss_and_grads("accel.compiled_masks=true", *extra)
+    _, ref_loss, ref_grads = loss_and_grads("accel.compiled_masks=false", *extra)
     masks = [m for m in net.modules() if isinstance(m, adapter.FastDropout)]
     assert len(masks) == 4 * 7 and all(m.compiled for m in masks)  # tiny_llama: 4 layers x 7 projections
     # a group's shared mask (q/k/v, gate/up) is read by several matmuls: it hands them fp32, as torch's ops do
@@ -166,7 +166,7 @@ def test_compiled_masks_change_no_numbers_in_a_model(extra):
 
 def test_compiled_masks_is_an_execution_switch_outside_the_hash():
     assert_outside_the_hash("compiled_masks")
-    _, _, built = build("train.compiled_masks=false", "adapter.dropout=0.1")
+    _, _, built = build("accel.compiled_masks=false", "adapter.dropout=0.1")
     assert not any(getattr(m, "compiled", False) for m in built.model.modules())
     assert len(adapter.compile_masks(built.model)) == 4 * 7
 
@@ -228,7 +228,7 @@ def assert_same_run(got, ref):
 
 def assert_outside_the_hash(switch):
     """An execution switch: the same config hash on and off, and the record's `execution` names which."""
-    on, off = make_cfg(f"train.{switch}=true"), make_cfg(f"train.{switch}=false")
+    on, off = make_cfg(f"accel.{switch}=true"), make_cfg(f"accel.{switch}=false")
     assert record.config_hash(on) == record.config_hash(off)
     assert record.execution(on)[switch] is True and record.execution(off)[switch] is False
 
@@ -244,15 +244,15 @@ def counted(f, name, calls):
     (["quant.compute_dtype=bf16"], 28, 24),  # o_proj's input and output are bf16 (bf16 attention): torch's multiply
     (["quant.compute_dtype=bf16", "quant.attention_dtype=fp32"], 28, 28),
     (["quant.compute_dtype=fp32"], 28, 0),  # fp32: torch's multiply (one pass either way)
-    (["quant.compute_dtype=bf16", "quant.cache_dequantized=true"], 28, 24),
+    (["quant.compute_dtype=bf16", "accel.cache_dequantized=true"], 28, 24),
     (["quant.compute_dtype=bf16", "train.gradient_checkpointing=true"], 28, 24),
     (["quant.compute_dtype=bf16", "quant=attn8_mlp4"], 12, 12),  # int8 attention runs unfused
     (["quant.compute_dtype=bf16", "adapter.use_rslora=true", "+adapter.projections.v_proj={r:0}",
       "+adapter.depth_groups.deep={layers:[2,3],r:4}"], 26, 22),  # v (r=0 but in the deep group) has no sum
-    (["quant.compute_dtype=bf16", "train.compiled_masks=false", "adapter.dropout_mask=torch"], 28, 24),
+    (["quant.compute_dtype=bf16", "accel.compiled_masks=false", "adapter.dropout_mask=torch"], 28, 24),
 ])
 def test_compiled_sums_change_no_numbers_in_a_model(extra, sums, grads):
-    got, ref = run_model("train.compiled_sums=true", *extra), run_model("train.compiled_sums=false", *extra)
+    got, ref = run_model("accel.compiled_sums=true", *extra), run_model("accel.compiled_sums=false", *extra)
     net, calls, ref_calls = got[0], got[4], ref[4]
     assert all(g.compiled for g in net._qft_fused) and not (ref_calls["lora_sum"] or ref_calls["lora_sum_grad"])
     if "train.gradient_checkpointing=true" in extra:  # forward again in backward, until the last tensor it keeps
@@ -265,7 +265,7 @@ def test_compiled_sums_change_no_numbers_in_a_model(extra, sums, grads):
 
 def test_compiled_sums_is_an_execution_switch_outside_the_hash():
     assert_outside_the_hash("compiled_sums")
-    _, _, built = build("train.compiled_sums=false")
+    _, _, built = build("accel.compiled_sums=false")
     assert built.model._qft_fused and not any(g.compiled for g in built.model._qft_fused)
     assert len(fuse.compile_sums(built.model)) == 4 * 4  # q/k/v, o, gate/up, down
 
@@ -419,7 +419,7 @@ def test_compiled_sums_hold_no_gradient_past_backward():
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(fuse._Sum, "forward", staticmethod(recording))
-        net = model_of("quant.compute_dtype=bf16", "train.compiled_sums=true")
+        net = model_of("quant.compute_dtype=bf16", "accel.compiled_sums=true")
         loss_and_grads("quant.compute_dtype=bf16", net=net)
     assert len(boxes) == 4 * 7 and all(box == {} for box in boxes)
 
@@ -507,7 +507,7 @@ def test_compiled_rope_takes_only_hfs_function():
 
 
 def test_compiled_rope_runs_hfs_ops_where_it_does_not_fit_or_is_off():
-    _, _, built = build("train.compiled_rope=true")
+    _, _, built = build("accel.compiled_rope=true")
     funcs = [f for m in built.model.modules() for f in getattr(m, "_kernel_funcs", {}).values()]
     assert len(funcs) == 4 and all(f.compiled for f in funcs)
     func, args = funcs[0], (1, 1, 4, 2, 3, 16, "bshd")
@@ -523,18 +523,18 @@ def test_compiled_rope_runs_hfs_ops_where_it_does_not_fit_or_is_off():
     (["quant.compute_dtype=bf16"], 3 * 8),  # training forward and backward, evaluation forward
     (["quant.compute_dtype=bf16", "quant.attention_dtype=fp32"], 3 * 8),
     (["quant.compute_dtype=fp32"], 3 * 8),
-    (["quant.compute_dtype=bf16", "train.fuse_projections=false"], 3 * 8),
+    (["quant.compute_dtype=bf16", "accel.fuse_projections=false"], 3 * 8),
     (["quant.compute_dtype=bf16", "train.gradient_checkpointing=true"], 4 * 8),  # forward again in backward
 ])
 def test_compiled_rope_changes_no_numbers_in_a_model(extra, calls):
-    got, ref = run_model("train.compiled_rope=true", *extra), run_model("train.compiled_rope=false", *extra)
+    got, ref = run_model("accel.compiled_rope=true", *extra), run_model("accel.compiled_rope=false", *extra)
     assert got[4]["rope"] == calls and not ref[4]["rope"]
     assert_same_run(got, ref)
 
 
 def test_compiled_rope_is_an_execution_switch_outside_the_hash():
     assert_outside_the_hash("compiled_rope")
-    _, _, built = build("train.compiled_rope=false")
+    _, _, built = build("accel.compiled_rope=false")
     assert not any(getattr(f, "compiled", False) for m in built.model.modules()
                    for f in getattr(m, "_kernel_funcs", {}).values())
     assert len(model.compile_rope(built.model)) == 4
@@ -544,7 +544,7 @@ def test_compiled_rope_survives_train_and_eval_of_a_model_loaded_from_a_folder(t
     """transformers 5 kernelizes a model it loads from a folder (hub kernels) and again at each train() and eval(),
     which resets every rotary function's forward; qft loads without, so the hook stays and nothing is fetched."""
     model.load(model.resolve(make_cfg().model, make_cfg().cache_dir)).save_pretrained(tmp_path / "base")
-    _, _, built = build(f"model.path={tmp_path / 'base'}", "train.compiled_rope=true")
+    _, _, built = build(f"model.path={tmp_path / 'base'}", "accel.compiled_rope=true")
     net = built.model
     assert not net.get_base_model().use_kernels
     funcs = [f for m in net.modules() for f in getattr(m, "_kernel_funcs", {}).values()]

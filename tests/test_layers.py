@@ -83,7 +83,7 @@ def test_the_readme_lists_exactly_the_registry():
 def test_every_listed_architecture_is_classified_whole_and_counted_exactly(model_type):
     from omegaconf import OmegaConf
 
-    from qft import adapter
+    from qft import adapter, schema
 
     net = small(model_type)
     layers = L.classify(net, model_type)
@@ -92,8 +92,8 @@ def test_every_listed_architecture_is_classified_whole_and_counted_exactly(model
     for name, p in net.named_parameters():  # every weight matrix of a decoder layer is a classified projection
         if ".layers." in name and p.dim() >= 2:
             assert name.rsplit(".", 1)[0] in classified, name
-    cfg = OmegaConf.create({"attn": {"r": 4, "alpha": 8}, "mlp": {"r": 2, "alpha": 8}, "projections": None,
-                            "depth_groups": None, "dropout": 0.0, "use_rslora": False, "dropout_mask": "torch"})
+    cfg = OmegaConf.create({**schema.defaults("adapter"), "attn": {"r": 4, "alpha": 8}, "mlp": {"r": 2, "alpha": 8},
+                            "projections": None, "depth_groups": None, "dropout": 0.0, "dropout_mask": "torch"})
     wrapped, plan = adapter.attach(net, cfg, layers)
     counted = adapter.count(plan, layers)["total"]
     assert counted == sum(p.numel() for p in wrapped.parameters() if p.requires_grad)

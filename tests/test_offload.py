@@ -21,7 +21,7 @@ def grads_with(hooks, *overrides):
     return loss.item(), {k: p.grad.clone() for k, p in net.named_parameters() if p.requires_grad}
 
 
-@pytest.mark.parametrize("extra", [[], ["train.gradient_checkpointing=true"], ["quant.cache_dequantized=true"]])
+@pytest.mark.parametrize("extra", [[], ["train.gradient_checkpointing=true"], ["accel.cache_dequantized=true"]])
 def test_offloaded_activations_give_identical_gradients(extra):
     cfg = make_cfg("offload=activations")
     ref_loss, ref = grads_with(offload.hooks(make_cfg().offload, torch.device("cpu")), *extra)

@@ -32,7 +32,8 @@ def test_a_quant_type_no_backend_serves_is_refused_with_the_allowed_ones():
 
 def test_a_backend_from_one_file_trains_and_is_counted(rtn4, tmp_path, monkeypatch):
     where = quant.cache_file
-    monkeypatch.setattr(quant, "cache_file", lambda cfg, layers, fp, dev, _: where(cfg, layers, fp, dev, tmp_path))
+    monkeypatch.setattr(quant, "cache_file",
+                        lambda cfg, layers, fp, dev, _, *deq: where(cfg, layers, fp, dev, tmp_path, *deq))
     over = ("quant.mlp.quant_type=rtn4", "quant.compute_dtype=fp32", "adapter.dropout=0.0")
     validate.validate(make_cfg(*over))  # allowed once the file is loaded
     cfg, _, built = build(*over)

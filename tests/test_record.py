@@ -22,8 +22,8 @@ def test_depth_group_order_is_part_of_the_hash():
 
 @pytest.mark.parametrize("override", ["train.eval_every=7", "train.checkpoint_every=3", "train.eval_batch_size=5",
                                       "train.zero_shot=false", "train.resume=auto",
-                                      "train.stop_after_steps=2", "train.host_allocator=default",
-                                      "quant.cache_dequantized=true", "quant.cache_quantized=false",
+                                      "train.stop_after_steps=2", "accel.host_allocator=default",
+                                      "accel.cache_dequantized=true", "accel.cache_quantized=false",
                                       "sweep.force=true", "logger=tensorboard", "cache_dir=/elsewhere"])
 def test_keys_that_change_how_not_what_stay_out(override):
     cfg = make_cfg(override)

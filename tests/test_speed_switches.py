@@ -25,7 +25,7 @@ def loss_grads_logits(*overrides):
 @pytest.mark.parametrize("preset", ["nf4", "fp4", "attn8_mlp4"])
 def test_cache_dequantized_changes_no_numbers(preset):
     ref_built, ref_loss, ref_grads, ref_logits = loss_grads_logits(f"quant={preset}")
-    built, loss, grads, logits = loss_grads_logits(f"quant={preset}", "quant.cache_dequantized=true")
+    built, loss, grads, logits = loss_grads_logits(f"quant={preset}", "accel.cache_dequantized=true")
     assert loss == ref_loss
     assert grads.keys() == ref_grads.keys()
     for k in grads:
@@ -43,12 +43,13 @@ def test_cache_dequantized_changes_no_numbers(preset):
 
 
 @pytest.mark.parametrize("preset,extra", [("nf4", []), ("fp4", []), ("attn8_mlp4", []), ("none", []),
-                                          ("nf4", ["quant.cache_dequantized=true"])])
+                                          ("nf4", ["accel.cache_dequantized=true"])])
 def test_quantized_base_cache_rebuilds_the_same_model(preset, extra, tmp_path, monkeypatch):
     where = quant.cache_file
-    monkeypatch.setattr(quant, "cache_file", lambda cfg, layers, fp, dev, _: where(cfg, layers, fp, dev, tmp_path))
+    monkeypatch.setattr(quant, "cache_file",
+                        lambda cfg, layers, fp, dev, _, *deq: where(cfg, layers, fp, dev, tmp_path, *deq))
     over = [f"quant={preset}", *extra]
-    _, ref_loss, ref_grads, ref_logits = loss_grads_logits(*over, "quant.cache_quantized=false")
+    _, ref_loss, ref_grads, ref_logits = loss_grads_logits(*over, "accel.cache_quantized=false")
     assert not list(tmp_path.glob("quantized/*"))
     first = loss_grads_logits(*over)  # quantizes and fills the cache: the tensors, and the RNG state after
     rng = list(tmp_path.glob("quantized/*.rng-*.safetensors"))
@@ -74,10 +75,11 @@ import sys, torch
 from safetensors.torch import save_file
 sys.path.insert(0, "tests")
 from conftest import make_cfg
-from qft import train
+from qft import schema, train
 import test_speed_switches as t
-print(train.tune_host_allocator(make_cfg(f"train.host_allocator={sys.argv[1]}").train))
-_, loss, grads, logits = t.loss_grads_logits(f"train.host_allocator={sys.argv[1]}")
+switches = schema.accel_switches(make_cfg(f"accel.host_allocator={sys.argv[1]}"), "cpu")
+print(train.tune_host_allocator(switches["host_allocator"]))
+_, loss, grads, logits = t.loss_grads_logits(f"accel.host_allocator={sys.argv[1]}")
 save_file({**{"g." + k: v for k, v in grads.items()}, "logits": logits, "loss": torch.tensor(loss)}, sys.argv[2])
 """
 
@@ -185,7 +187,7 @@ def test_lm_head_reads_a_dense_input_as_one_matmul():
     """logits_to_keep hands the head a strided slice of the hidden states; without qft's pre-hook that linear runs
     as a batched matmul over an expanded weight (slow in fp32). With it: one mm, the same logits and gradients."""
     def run(hooked):
-        _, _, built = build("quant.compute_dtype=fp32", "adapter.dropout=0.0", "train.fuse_projections=false")
+        _, _, built = build("quant.compute_dtype=fp32", "adapter.dropout=0.0", "accel.fuse_projections=false")
         net = built.model
         head = net.get_output_embeddings()
         assert list(head._forward_pre_hooks.values()) == [model.dense_input]

@@ -340,6 +340,18 @@ def test_declared_contrasts_use_exactly_the_plans_seeds(tmp_path):
             report.read_plan(tmp_path / "plan.yaml")
 
 
+def test_a_plans_amended_contrasts_replace_its_declared_ones(tmp_path):
+    """contrasts_amended (a dated amendment) is what the report reads, the declared list staying in the file; a
+    malformed amended list is refused like a malformed declared one."""
+    (tmp_path / "plan.yaml").write_text("contrasts: [{name: c, a: {attn_r: 8}, b: {attn_r: 2}}]\n"
+                                        "contrasts_amended: [{name: d, a: {attn_r: 8, seed_draw: 1}, b: {attn_r: 1}}]\n")
+    plan = report.read_plan(tmp_path / "plan.yaml")
+    assert [c["name"] for c in plan["contrasts"]] == ["d"] and plan["contrasts"][0]["a"] == {"attn_r": 8, "seed_draw": 1}
+    (tmp_path / "plan.yaml").write_text("contrasts: [{name: c, a: {attn_r: 8}, b: {attn_r: 2}}]\ncontrasts_amended: [x]\n")
+    with pytest.raises(ValueError, match="contrasts_amended must be a list"):
+        report.read_plan(tmp_path / "plan.yaml")
+
+
 def test_report_splits_datasets_and_says_which_differences_beat_the_noise(tmp_path):
     accs = {("bbc", 2, 2): [0.80, 0.82, 0.84], ("bbc", 8, 8): [0.90, 0.91, 0.92],   # far apart: beyond noise
             ("reuters", 2, 2): [0.60, 0.70, 0.80], ("reuters", 8, 8): [0.65, 0.70, 0.75]}  # within noise
@@ -444,7 +456,7 @@ def test_each_run_records_its_own_peak_not_an_earlier_jobs_of_the_same_process(t
     from qft import record
 
     # 1 GiB touched and handed back to the OS, as an earlier job of a sweep leaves its peak behind (mmap, not
-    # malloc: with train.host_allocator=tuned, freed heap memory stays resident by design). The run's own growth
+    # malloc: with accel.host_allocator=tuned, freed heap memory stays resident by design). The run's own growth
     # above what is resident is about 130 MB here, so 400 MB left too thin a margin (failed once: 290 MB below)
     big = mmap.mmap(-1, 1024 * 2 ** 20)
     big.write(b"\1" * len(big))

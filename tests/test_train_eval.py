@@ -3,7 +3,7 @@ from pathlib import Path
 
 import torch
 
-from qft import evaluate, model, record, run, train
+from qft import evaluate, model, record, run, schema, train
 from conftest import TINY_DATA, build, make_cfg
 
 
@@ -304,15 +304,15 @@ def test_record_keeps_per_example_scores_and_what_executed_it(tmp_path):
 
 def test_a_run_records_a_switch_that_found_nothing_to_change_as_off(tmp_path):
     rec = run.run(make_cfg(*[o for o in RUN if not o.startswith("adapter.dropout")], "adapter.dropout=0.0"), tmp_path)
-    assert rec["status"] == "ok" and rec["config"]["train"]["compiled_masks"] is True
+    assert rec["status"] == "ok" and schema.accel_switches(make_cfg(), "cpu")["compiled_masks"] is True
     assert {k: rec["execution"][k] for k in record.SWITCHES} == {
         k: k != "compiled_masks" and (k != "split_rows" or torch.get_num_threads() > 1) for k in record.SWITCHES}
 
 
 @pytest.mark.parametrize("overrides,off", [
     (["adapter.dropout=0.0"], {"compiled_masks"}),  # no mask to compile
-    (["train.compiled_rope=false", "train.compiled_sums=false"], {"compiled_rope", "compiled_sums"}),
-    (["train.fuse_projections=false"], {"fuse_projections", "compiled_sums", "split_rows"}),  # no fused groups
+    (["accel.compiled_rope=false", "accel.compiled_sums=false"], {"compiled_rope", "compiled_sums"}),
+    (["accel.fuse_projections=false"], {"fuse_projections", "compiled_sums", "split_rows"}),  # no fused groups
     (["refused rope"], {"compiled_rope"}),
 ])
 def test_build_reports_which_execution_switches_it_installed(overrides, off, monkeypatch):

@@ -78,4 +78,4 @@ def propose_bits(df, data: str | None = None, margin: float = 0.02) -> BitsPropo
 
 
 def bits_records(cfg) -> BitsProposal:
-    return propose_bits(read_records("budget.bits_records", cfg.bits_records), cfg.get("records_data"))
+    return propose_bits(read_records("budget.bits_records", cfg.bits_records), cfg.records_data)

@@ -16,17 +16,17 @@ def main(argv=None) -> int:
     cfg = config.compose(argv, "qft.budget", __doc__)
     if cfg is None:
         return 2
-    method = cfg.budget.get("method", "shares")
+    method = cfg.budget.method
     try:
         if cfg.budget.params is None:
             raise QftError("budget.params", None, "set the budget, e.g. budget.params=1000000")
         check(cfg.budget)
         layers = meta_layers(model.resolve(cfg.model, cfg.cache_dir))
         costs = cost_per_rank(layers, cfg.budget.split)
-        bits = bits_records(cfg.budget) if cfg.budget.get("bits_records") else None
+        bits = bits_records(cfg.budget) if cfg.budget.bits_records else None
         if method == "fitted":
             f = fit_records(cfg.budget)
-            proposal = propose(f, layers, cfg.budget.params, cfg.budget.tolerance, cfg.budget.get("max_rank"))
+            proposal = propose(f, layers, cfg.budget.params, cfg.budget.tolerance, cfg.budget.max_rank)
         else:
             found = allocations(layers, cfg.budget.params, cfg.budget.split, cfg.budget.tolerance, list(cfg.budget.grid))
             if method == "uniform":

@@ -141,7 +141,7 @@ def fit(df, data: str | None = None) -> Fit:
 def fit_records(cfg) -> Fit:
     """The fit of budget.records (a folder of result records, read through qft.frame.collect, the one
     reader of records) on budget.records_data."""
-    if not cfg.get("records"):
+    if not cfg.records:
         raise QftError("budget.records", None, "budget.method=fitted needs a folder of result records, "
                        "e.g. budget.records=results/rank_sweep/runs")
     from qft.record import RECORD
@@ -149,7 +149,7 @@ def fit_records(cfg) -> Fit:
     df = read_records("budget.records", cfg.records)
     if df.empty or not (df.status == "ok").any():
         raise QftError("budget.records", str(cfg.records), f"no ok result record ({RECORD}) under it")
-    f = fit(df, cfg.get("records_data"))
+    f = fit(df, cfg.records_data)
     f.records = str(cfg.records)
     return f
 

@@ -5,26 +5,22 @@ from __future__ import annotations
 
 import itertools
 
-from qft import layers as L
+from qft import layers as L, schema
 from qft.budget.costs import cost_per_rank, uniform
 from qft.budget.fitted import fit_records, propose
-from qft.errors import QftError, integer, integers, listing, number
+from qft.errors import QftError, integers, listing, number
 
-SPLITS = ("type", "depth")
-METHODS = ("shares", "uniform", "fitted")
+SPLITS = schema.allowed("budget.split")
+METHODS = schema.allowed("budget.method")
 
 
 def check(cfg) -> None:
-    integers("budget.grid", cfg.get("grid", []), 0, "a list of ranks (integers >= 0)")
+    integers("budget.grid", cfg.grid, 0, "a list of ranks (integers >= 0)")
     if cfg.params is None:
         return
     number("budget.params", cfg.params, above=0, what="a number of trainable parameters > 0, or null")
-    if cfg.split not in SPLITS:
-        raise QftError("budget.split", cfg.split, f"allowed: {', '.join(SPLITS)}")
-    number("budget.tolerance", cfg.tolerance, above=0, below=1, what="a fraction in (0, 1)")
-    method = cfg.get("method", "shares")
-    if method not in METHODS:
-        raise QftError("budget.method", method, f"allowed: {', '.join(METHODS)}")
+    schema.check(cfg, "budget", only=("split", "tolerance", "method"))  # read only while a budget is set
+    method = cfg.method
     if method == "shares":
         n = len(L.LAYER_TYPES) if cfg.split == "type" else 3
         listing("budget.shares", cfg.shares, f"a list of {n} non-negative weights")
@@ -35,15 +31,14 @@ def check(cfg) -> None:
     if method == "fitted":
         if cfg.split != "type":
             raise QftError("budget.split", cfg.split, "budget.method=fitted allocates per layer type: use budget.split=type")
-        mr = cfg.get("max_rank")
-        integer("budget.max_rank", mr, 1, what="an integer >= 1, or null (the largest rank measured)", null=True)
+        schema.check(cfg, "budget", only=("max_rank",))
         fit_records(cfg)  # a bad folder, dataset choice or too few cells fails here, before any weight is read
 
 
 def solve(layers: list[L.Layer], cfg) -> dict[str, int]:
     """Integer ranks per group that meet the budget within tolerance, by budget.method: `shares`, `uniform`
     or `fitted` (the allocation the fitted accuracy model predicts best)."""
-    method = cfg.get("method", "shares")
+    method = cfg.method
     if method == "uniform":
         u = uniform(layers, cfg.params, cfg.split)
         if abs(u["off_by"]) > cfg.tolerance:
@@ -56,7 +51,7 @@ def solve(layers: list[L.Layer], cfg) -> dict[str, int]:
         return {g: u["r"] for g in cost_per_rank(layers, cfg.split)}
     if method == "fitted":
         f = fit_records(cfg)
-        best = propose(f, layers, cfg.params, cfg.tolerance, cfg.get("max_rank")).best
+        best = propose(f, layers, cfg.params, cfg.tolerance, cfg.max_rank).best
         return {lt: best[lt] for lt in L.LAYER_TYPES}
     return solve_shares(layers, cfg)
 

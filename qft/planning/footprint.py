@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from qft import adapter as A
-from qft import budget, quant
+from qft import budget, quant, schema
 from qft import layers as L
 from qft.errors import QftError
 from qft.model import DTYPES
@@ -73,7 +73,7 @@ class Resolved:
     compute_dtype: str
     compute_bytes: int
     dropout: bool
-    dequantized: bool  # quant.cache_dequantized: 4-bit weights held dequantized in the compute dtype
+    dequantized: bool  # accel.cache_dequantized: 4-bit weights held dequantized in the compute dtype
     checkpointing: bool
     optimizer: str
     batch: int  # train.batch_size: one micro-step's examples
@@ -85,7 +85,7 @@ class Resolved:
     offload: dict
     fast_mask: bool = False  # adapter.dropout_mask=fast keeps a 1-byte mask, torch's dropout one in its input's dtype
     shared_dropout: bool = False  # adapter.shared_dropout: one mask (and dropped input) per group reading one input
-    fused: bool = False  # train.fuse_projections: groups reading one input share a matmul; the head is cast once
+    fused: bool = False  # accel.fuse_projections: groups reading one input share a matmul; the head is cast once
     attention_fp32: bool = False  # quant.attention_dtype=fp32: SDPA keeps its tensors in fp32 under autocast
 
 
@@ -183,15 +183,15 @@ def resolve(cfg, source=None, answer_tokens: int | None = None, answer_rows: int
     if answer_tokens is None:
         answer_tokens = ANSWER_TOKENS if cfg.data.task == "classification" else cfg.data.max_length // 2
     dtype = _compute_dtype(cfg.quant.compute_dtype, device)
+    accel = schema.accel_switches(cfg, device)
     return Resolved(cfg.model.name, shape, projections, quant.plan(cfg.quant, projections), ranks, biased, embed,
                 layer_other, head, tied, device, dtype, DTYPES[dtype].itemsize,
-                float(cfg.adapter.dropout) > 0, bool(cfg.quant.get("cache_dequantized", False)),
+                float(cfg.adapter.dropout) > 0, bool(accel["cache_dequantized"]),
                 bool(cfg.train.gradient_checkpointing), cfg.train.optimizer, int(cfg.train.batch_size),
                 int(cfg.data.max_length), int(answer_tokens), answer_rows, padded,
-                int(cfg.train.eval_batch_size), off, fast_mask=cfg.adapter.get("dropout_mask", "torch") == "fast",
-                shared_dropout=bool(cfg.adapter.get("shared_dropout", False)),
-                fused=bool(cfg.train.get("fuse_projections", False)),
-                attention_fp32=cfg.quant.get("attention_dtype", "compute") == "fp32")
+                int(cfg.train.eval_batch_size), off, fast_mask=cfg.adapter.dropout_mask == "fast",
+                shared_dropout=bool(cfg.adapter.shared_dropout), fused=bool(accel["fuse_projections"]),
+                attention_fp32=cfg.quant.attention_dtype == "fp32")
 
 
 # ----------------------------------------------------------------------------------------------- fixed bytes
@@ -317,7 +317,7 @@ def _layer_work(p: Resolved, depth: int, b: int, saved: int) -> int:
     to its input's dtype). Backward: gradients in flight, about four fp32 hidden widths, or the fp32
     weight 4-bit and int8 dequantize for the input gradient, less the projection's LoRA tensors already
     freed by then. With checkpointing the layer's saved tensors are recomputed first and held meanwhile.
-    A weight held dequantized (quant.cache_dequantized) or in 16 bits needs no dequantization.
+    A weight held dequantized (accel.cache_dequantized) or in 16 bits needs no dequantization.
     """
     sh, c = p.shape, p.compute_bytes
     t = b * p.seq

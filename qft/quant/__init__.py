@@ -15,9 +15,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from qft import atomic, layers as L
-from qft.errors import QftError, boolean, number, one_of
-from qft.model import ATTENTION_DTYPES, COMPUTE_DTYPES, compute_dtype as dtype_of
+from qft import atomic, layers as L, schema
+from qft.errors import boolean, number, one_of
+from qft.model import compute_dtype as dtype_of
 from qft.quant import bnb4, dense, int8  # noqa: F401  (the built-in backends register themselves)
 from qft.quant.bnb4 import Dequantized  # noqa: F401  (qft.quant.Dequantized, as before the split)
 from qft.quant.registry import BACKENDS, Backend, bits, for_module, for_settings, quant_types, register  # noqa: F401
@@ -36,13 +36,9 @@ DEFAULTS = {"bits": 4, "quant_type": "nf4", "double_quant": True, "block_size": 
 
 
 def check(cfg, depth: int | None = None) -> None:
-    if cfg.compute_dtype not in COMPUTE_DTYPES:
-        raise QftError("quant.compute_dtype", cfg.compute_dtype, f"allowed: {', '.join(COMPUTE_DTYPES)}")
-    for key in ("cache_dequantized", "cache_quantized"):
-        boolean(f"quant.{key}", cfg.get(key, False))
-    one_of("quant.attention_dtype", cfg.get("attention_dtype", "compute"), ATTENTION_DTYPES)
+    schema.check(cfg, "quant")
     L.check_spec(cfg, "quant", FIELDS, depth,
-                 other_keys=("compute_dtype", "cache_dequantized", "cache_quantized", "attention_dtype"))
+                 other_keys=("compute_dtype", "attention_dtype"))
 
 
 def plan(cfg, layers: list[L.Layer]) -> dict[str, dict]:
@@ -73,8 +69,9 @@ def dequantize(model: nn.Module) -> nn.Module:
 
 
 def quantize(model: nn.Module, cfg, layers: list[L.Layer], device: torch.device,
-             cache: Path | None = None) -> dict[str, dict]:
+             cache: Path | None = None, dequantize: bool = False) -> dict[str, dict]:
     """Swap every projection in place and move the model to `device`; return each projection's settings.
+    `dequantize` (the accel switch cache_dequantized): keep the frozen 4-bit weights dequantized, same numbers.
 
     With `cache` (a file named by the model's fingerprint and these settings), the quantized tensors are
     stored once and later runs rebuild the modules from them: bitsandbytes' CPU quantization is most of a
@@ -84,7 +81,6 @@ def quantize(model: nn.Module, cfg, layers: list[L.Layer], device: torch.device,
 
     compute_dtype = dtype_of(cfg.compute_dtype, device)
     settings = plan(cfg, layers)
-    dequantize = cfg.get("cache_dequantized", False)
     stored = load_file(str(cache)) if cache is not None and cache.exists() else None
     # the RNG state the module inits end in, for this RNG state before them: restoring it skips the draws
     before = hashlib.sha256(torch.get_rng_state().numpy().tobytes()).hexdigest()[:16]
@@ -132,14 +128,15 @@ def _save(path: Path, tensors: dict) -> None:
     atomic.write(path, lambda tmp: save_file(tensors, tmp))
 
 
-def cache_file(cfg, layers: list[L.Layer], fingerprint: str, device: torch.device, cache_dir) -> Path:
+def cache_file(cfg, layers: list[L.Layer], fingerprint: str, device: torch.device, cache_dir,
+               dequantized: bool = False) -> Path:
     """Where a base quantized with these settings is kept: named by the model and every setting that
     changes the quantized tensors (and the bitsandbytes version that made them)."""
     import json
     from importlib.metadata import version
 
     key = json.dumps({"model": fingerprint, "plan": plan(cfg, layers), "dtype": str(dtype_of(cfg.compute_dtype, device)),
-                      "dequantized": bool(cfg.get("cache_dequantized", False)), "device": device.type,
+                      "dequantized": bool(dequantized), "device": device.type,
                       "bitsandbytes": version("bitsandbytes")}, sort_keys=True)
     return Path(cache_dir).expanduser() / "quantized" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.safetensors"
 

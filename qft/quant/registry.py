@@ -23,7 +23,7 @@ class Backend:
     modules: tuple[type, ...] = ()  # the module classes it builds
     output_in_input_dtype = False  # under autocast its output keeps its input's dtype (fp32 residual stream)
     pins_input = False  # its matmul keeps its input on its own autograd node, past checkpointing
-    holds_dequantized = False  # quant.cache_dequantized applies to it
+    holds_dequantized = False  # accel.cache_dequantized applies to it
     fuses = False  # qft.fuse can run a group of its projections as one (see fuse_kind)
 
     def quantize(self, linear: nn.Linear, s: dict, compute_dtype: torch.dtype, device) -> nn.Module:
@@ -43,7 +43,7 @@ class Backend:
         raise NotImplementedError
 
     def dequantized(self, q: nn.Module) -> nn.Module:
-        """The module with its weight held dequantized in the compute dtype (quant.cache_dequantized)."""
+        """The module with its weight held dequantized in the compute dtype (accel.cache_dequantized)."""
         return q
 
     def weight(self, q: nn.Module) -> torch.Tensor:

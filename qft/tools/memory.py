@@ -82,11 +82,11 @@ def _with(cfg, changes: dict):
 
 def _four_bit(cfg) -> dict:
     """Every projection's frozen base at 4 bits (NF4), wherever the config sets more."""
-    changes = {f"quant.{lt}.bits": 4 for lt in L.LAYER_TYPES if cfg.quant[lt].get("bits", 4) != 4}
-    for proj, entry in (cfg.quant.get("projections") or {}).items():
+    changes = {f"quant.{lt}.bits": 4 for lt in L.LAYER_TYPES if cfg.quant[lt].bits != 4}
+    for proj, entry in (cfg.quant.projections or {}).items():
         if (entry or {}).get("bits", 4) != 4:
             changes[f"quant.projections.{proj}.bits"] = 4
-    for g, entry in (cfg.quant.get("depth_groups") or {}).items():
+    for g, entry in (cfg.quant.depth_groups or {}).items():
         if (entry or {}).get("bits", 4) != 4:
             changes[f"quant.depth_groups.{g}.bits"] = 4
     return changes

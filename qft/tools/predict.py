@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from qft import config, data, evaluate, model, record, run
+from qft import config, data, evaluate, model, record, run, schema
 from qft.errors import QftError, fail
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # offline, as `python -m qft` (qft/__main__.py says why)
@@ -33,8 +33,8 @@ def read_run(run_dir: Path, classification: bool = True):
         raise QftError("RUN_DIR", str(run_dir), f"needs an ok {'classification ' if classification else ''}run (its "
                                                 f"record says {rec.get('status')}, task "
                                                 f"{(rec.get('data') or {}).get('task')})")
-    cfg = OmegaConf.create(rec["config"])
-    cfg.cache_dir = os.environ.get("QFT_CACHE", "~/.cache/qft")
+    cfg = OmegaConf.create(schema.loaded(rec["config"]))  # an older record's config as it meant it
+    cfg.cache_dir = schema.keys()["cache_dir"].default  # this machine's cache, as a run here resolves it
     return rec, cfg
 
 
@@ -85,7 +85,7 @@ def main(argv=None) -> int:
         run_dir = Path(args.run_dir)
         table = data.read_table(args.texts, "TEXTS")
         rec = record.read(run_dir) or {}
-        column = args.text_column or (rec.get("config") or {}).get("data", {}).get("text_column") or "text"
+        column = args.text_column or schema.loaded(rec.get("config") or {}).get("data", {}).get("text_column") or "text"
         if column not in table.column_names:
             column = "text" if args.text_column is None and "text" in table.column_names else column
         if column not in table.column_names:

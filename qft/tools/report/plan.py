@@ -15,7 +15,8 @@ def read_plan(path: Path) -> dict:
     """A study's declared analysis (plan.yaml): metric, margin, alpha, the contrasts (cell a - cell b, each cell as
     columns of the table) and the family the Holm adjustment covers (all the contrasts); optionally positive
     `controls` (contrasts of the same form that must come out "differs", a family of their own) and a margin set
-    relative to a control's measured cost."""
+    relative to a control's measured cost. A dated amendment's `contrasts_amended` replaces `contrasts`, as
+    `seeds_amended` replaces `seeds`: the declared text stays as written."""
     import yaml
 
     try:
@@ -24,7 +25,7 @@ def read_plan(path: Path) -> dict:
         raise ValueError(f"--plan={path}: not a readable YAML file ({type(e).__name__})") from e
     if not isinstance(plan, dict):
         raise ValueError(f"--plan={path}: a YAML map of metric, margin, alpha, contrasts, ...")
-    for key, need in (("contrasts", True), ("controls", False)):
+    for key, need in (("contrasts", True), ("contrasts_amended", False), ("controls", False)):
         if key not in plan and not need:
             continue
         items = plan.get(key)
@@ -43,7 +44,8 @@ def read_plan(path: Path) -> dict:
     if clash:
         raise ValueError(f"--plan={path}: controls={clash}: each control needs a name no other control or contrast has")
     _check_margin(path, plan.get("margin", MARGIN), names)
-    return {"metric": "accuracy", "margin": MARGIN, "alpha": 0.05, **plan}
+    return {"metric": "accuracy", "margin": MARGIN, "alpha": 0.05, **plan,
+            "contrasts": plan.get("contrasts_amended", plan["contrasts"])}
 
 
 def _number(x) -> bool:
