@@ -60,7 +60,8 @@ def main() -> None:
     a = ap.parse_args()
     from omegaconf import OmegaConf
 
-    from qft import adapter, fuse, model
+    from qft import model
+    from qft.accel import fuse, masks, rope
     from qft.errors import QftError
 
     n = a.warmup + 2 * a.pairs
@@ -69,14 +70,14 @@ def main() -> None:
     if not holds(cfg):
         raise QftError(key, OmegaConf.select(cfg, key), allowed)
     net, step = step_ops.workload(cfg)
-    switched = {"masks": adapter.compile_masks, "sums": fuse.compile_sums, "rope": model.compile_rope,
+    switched = {"masks": masks.compile_masks, "sums": fuse.compile_sums, "rope": rope.compile_rope,
                 "rows": fuse.split_rows}[a.loops](net)
     if not switched and attr == "compiled":
         import importlib.util
 
         raise QftError(f"train.compiled_{a.loops}", True, "numba is not installed (pip install numba)"
                        if importlib.util.find_spec("numba") is None
-                       else "this model's rotary function is not the one qft.kernels.rope computes")
+                       else "this model's rotary function is not the one qft.accel.kernels.rope computes")
     seconds = {True: [], False: []}
     for i in range(n):
         on = i % 2 == 0

@@ -27,8 +27,8 @@ ROOT = HERE.parent
 PARTS = {"validate": [("validate", "validate")], "tokenizer": [("model", "load_tokenizer")],
          "data": [("data", "prepare")], "load": [("model", "load")], "quantize": [("quant", "quantize")],
          "adapters (peft)": [("adapter", "attach")],
-         "switches": [("adapter", "compile_masks"), ("model", "compile_rope"), ("fuse", "install"),
-                      ("fuse", "compile_sums"), ("fuse", "split_rows")]}
+         "switches": [("accel.masks", "compile_masks"), ("accel.rope", "compile_rope"), ("accel.fuse", "install"),
+                      ("accel.fuse", "compile_sums"), ("accel.fuse", "split_rows")]}
 
 
 def child(a) -> None:

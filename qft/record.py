@@ -21,6 +21,7 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from qft import atomic, data, model
+from qft.accel.settings import switches
 
 RECORD = "result.json"
 SCHEMA = 2
@@ -213,8 +214,8 @@ def execution(cfg) -> dict:
     cpu, kind = cpu_kind()
     return {**_CODE, "qft_version": versions_of(("qft",))["qft"], "cpu": cpu, "cpu_id": cpu_id(),
             "cpu_kind": kind, "threads": torch.get_num_threads(), "compute_dtype": cfg.quant.compute_dtype,
-            "fuse_projections": bool(cfg.train.get("fuse_projections", False)),
-            **{k: bool(cfg.train.get(k, False)) for k in SWITCHES}, "torch": torch.__version__,
+            "fuse_projections": switches(cfg)["fuse_projections"],
+            **{k: switches(cfg)[k] for k in SWITCHES}, "torch": torch.__version__,
             "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
 
 

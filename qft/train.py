@@ -61,26 +61,6 @@ def check(cfg, device: str) -> None:
     boolean("train.split_rows", cfg.get("split_rows", False))
 
 
-def tune_host_allocator(cfg) -> bool:
-    """Keep freed host memory in glibc's heap instead of returning it to the kernel.
-
-    By default glibc serves every block over its mmap threshold (128 KiB, adapting up to 32 MiB) with a
-    fresh mmap and unmaps it on free, so each step's activations page-fault and are zeroed again: about 7%
-    of a SmolLM2 step on 2 CPU cores. The peak stays the live tensors' peak; only the give-back is deferred.
-    Changes no number (tests/test_speed_switches.py); a no-op outside glibc.
-    """
-    if cfg.get("host_allocator", "default") != "tuned" or not sys.platform.startswith("linux"):
-        return False
-    import ctypes
-
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return False
-    m_trim_threshold, m_mmap_threshold = -1, -3
-    return bool(libc.mallopt(m_mmap_threshold, 1 << 30)) and bool(libc.mallopt(m_trim_threshold, (1 << 31) - 1))
-
-
 def freeze_survivors() -> int:
     """Between a sweep's runs (Hydra's basic launcher runs them in one process): collect the finished run's
     reference cycles, then put every object still alive out of the garbage collector's sight (`gc.freeze`).

@@ -74,9 +74,9 @@ import sys, torch
 from safetensors.torch import save_file
 sys.path.insert(0, "tests")
 from conftest import make_cfg
-from qft import train
+from qft import accel
 import test_speed_switches as t
-print(train.tune_host_allocator(make_cfg(f"train.host_allocator={sys.argv[1]}").train))
+print(accel.tune_host_allocator(make_cfg(f"train.host_allocator={sys.argv[1]}")))
 _, loss, grads, logits = t.loss_grads_logits(f"train.host_allocator={sys.argv[1]}")
 save_file({**{"g." + k: v for k, v in grads.items()}, "logits": logits, "loss": torch.tensor(loss)}, sys.argv[2])
 """

@@ -1,0 +1,19 @@
+"""The eight speed switches, read in one place: they change no number, so none enters the config hash."""
+
+from __future__ import annotations
+
+# what each reads and its value where the config leaves it out
+_TRAIN = {"host_allocator": "default", "fuse_projections": False, "compiled_masks": False, "compiled_sums": False,
+          "compiled_rope": False, "split_rows": False}
+_QUANT = {"cache_quantized": True, "cache_dequantized": False}
+NAMES = (*_TRAIN, *_QUANT)
+
+
+def switches(cfg) -> dict:
+    """{switch: setting} for a whole run config: `host_allocator` a name (tuned | default), the others booleans.
+
+    Keys are the switches' short names (train.* and quant.*); a config without one gets the value a run has always
+    given it."""
+    out = {k: cfg.train.get(k, v) for k, v in _TRAIN.items()}
+    out.update({k: cfg.quant.get(k, v) for k, v in _QUANT.items()})
+    return {k: v if k == "host_allocator" else bool(v) for k, v in out.items()}
