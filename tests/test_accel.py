@@ -44,3 +44,23 @@ def test_install_on_the_cpu_says_what_it_installed():
     assert ran == {**dict.fromkeys(accel.MODEL_SWITCHES, True), "split_rows": False}
     assert len(built.model._qft_fused) == 4 * 4 and all(g.compiled and not g.split_rows
                                                         for g in built.model._qft_fused)
+
+
+def test_switches_apply_on_the_cpu_only():
+    cfg = make_cfg(*(f"train.{k}=true" for k in accel.MODEL_SWITCHES))
+    assert accel.on_device(cfg, "cpu") == dict.fromkeys(accel.MODEL_SWITCHES, True)
+    assert accel.on_device(cfg, "cuda") == dict.fromkeys(accel.MODEL_SWITCHES, False)
+    assert accel.on_device(make_cfg("train.compiled_rope=false"), "cpu")["compiled_rope"] is False
+
+
+def test_the_memory_model_plans_fusion_where_it_runs():
+    """Fusion runs on the CPU only (accel.install): a GPU plan with train.fuse_projections=true is the unfused one,
+    a CPU plan is not (the head's cast is then held once, not per micro-batch)."""
+    from qft.tools import memory
+
+    def plan(device, fused):
+        return memory.estimate(make_cfg("quant.compute_dtype=bf16", f"device={device}",
+                                        f"train.fuse_projections={fused}")).components
+
+    assert plan("cuda", "true") == plan("cuda", "false")
+    assert plan("cpu", "true") != plan("cpu", "false")

@@ -17,31 +17,24 @@ import sys
 
 import torch
 
-from qft.accel.settings import NAMES, switches
+from qft.accel.settings import MODEL_SWITCHES, NAMES, on_device, switches
 
-# the switches `install` decides, as the record's `execution` names them
-MODEL_SWITCHES = ("fuse_projections", "compiled_masks", "compiled_sums", "compiled_rope", "split_rows")
-
-__all__ = ["MODEL_SWITCHES", "NAMES", "install", "switches", "tune_host_allocator"]
+__all__ = ["MODEL_SWITCHES", "NAMES", "install", "on_device", "switches", "tune_host_allocator"]
 
 
 def install(net, cfg, device: torch.device, projections: list, model_type: str,
             threads: int | None = None) -> dict[str, bool]:
-    """Install on `net` (peft-wrapped or plain) the switches `cfg` asks for that apply on `device`; returns
-    {switch: whether it ran} for MODEL_SWITCHES. All are CPU code: on another device none runs.
+    """Install on `net` (peft-wrapped or plain) the switches `cfg` asks for that apply on `device` (`on_device`: on
+    the CPU only); returns {switch: whether it ran} for MODEL_SWITCHES.
 
-    A switch runs where the config asks and it found something to change (no numba, no fast masks, no fused groups,
-    a refused rotary form: off). `threads`: torch's thread count the run computes at (default: the current one);
-    at one thread `split_rows` never splits, so it is not installed.
-    Fusion runs on the CPU only: on CUDA, where cuBLAS promises no column its bits inside a wider matmul, it has not
-    been shown to change no number (scripts/gpu_check.py compares it there)."""
+    A switch runs where it applies and found something to change (no numba, no fast masks, no fused groups, a
+    refused rotary form: off). `threads`: torch's thread count the run computes at (default: the current one);
+    at one thread `split_rows` never splits, so it is not installed."""
     from qft.accel import fuse, masks, rope
 
-    on = switches(cfg)
+    on = on_device(cfg, device.type)
     threads = torch.get_num_threads() if threads is None else threads
     ran = dict.fromkeys(MODEL_SWITCHES, False)
-    if device.type != "cpu":
-        return ran
     if on["compiled_masks"]:
         ran["compiled_masks"] = bool(masks.compile_masks(net))
     if on["compiled_rope"]:

@@ -7,6 +7,8 @@ _TRAIN = {"host_allocator": "default", "fuse_projections": False, "compiled_mask
           "compiled_rope": False, "split_rows": False}
 _QUANT = {"cache_quantized": True, "cache_dequantized": False}
 NAMES = (*_TRAIN, *_QUANT)
+# the switches installed on a built model, as the record's `execution` names them: all CPU code
+MODEL_SWITCHES = ("fuse_projections", "compiled_masks", "compiled_sums", "compiled_rope", "split_rows")
 
 
 def switches(cfg) -> dict:
@@ -17,3 +19,11 @@ def switches(cfg) -> dict:
     out = {k: cfg.train.get(k, v) for k, v in _TRAIN.items()}
     out.update({k: cfg.quant.get(k, v) for k, v in _QUANT.items()})
     return {k: v if k == "host_allocator" else bool(v) for k, v in out.items()}
+
+
+def on_device(cfg, device: str) -> dict[str, bool]:
+    """{switch: asked for and applies} for MODEL_SWITCHES on a device type ("cpu", "cuda"): the compiled loops are
+    CPU code, and fusion has not been shown to change no number on CUDA (scripts/gpu_check.py compares it there),
+    so none applies off the CPU. What `install` installs at most, and what the memory model plans."""
+    on = switches(cfg)
+    return {k: on[k] and device == "cpu" for k in MODEL_SWITCHES}

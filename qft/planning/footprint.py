@@ -26,7 +26,7 @@ import torch
 
 from qft import adapter as A
 from qft import budget, quant
-from qft.accel.settings import switches
+from qft.accel.settings import on_device, switches
 from qft import layers as L
 from qft.errors import QftError
 from qft.model import DTYPES
@@ -88,7 +88,8 @@ class Resolved:
     offload: dict
     fast_mask: bool = False  # adapter.dropout_mask=fast keeps a 1-byte mask, torch's dropout one in its input's dtype
     shared_dropout: bool = False  # adapter.shared_dropout: one mask (and dropped input) per group reading one input
-    fused: bool = False  # train.fuse_projections: groups reading one input share a matmul; the head is cast once
+    fused: bool = False  # train.fuse_projections where it runs (the CPU): groups reading one input share a matmul;
+    # the head is cast once
     attention_fp32: bool = False  # quant.attention_dtype=fp32: SDPA keeps its tensors in fp32 under autocast
 
 
@@ -193,7 +194,7 @@ def resolve(cfg, source=None, answer_tokens: int | None = None, answer_rows: int
                 int(cfg.data.max_length), int(answer_tokens), answer_rows, padded,
                 int(cfg.train.eval_batch_size), off, fast_mask=cfg.adapter.get("dropout_mask", "torch") == "fast",
                 shared_dropout=bool(cfg.adapter.get("shared_dropout", False)),
-                fused=switches(cfg)["fuse_projections"],
+                fused=on_device(cfg, device)["fuse_projections"],
                 attention_fp32=cfg.quant.get("attention_dtype", "compute") == "fp32")
 
 
