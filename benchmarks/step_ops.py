@@ -1,5 +1,6 @@
 """Where a qft training step goes, op by op: every aten (and bitsandbytes) op of a few steps timed as it runs, and
-qft.accel.kernels' compiled loops as ops of their own (`qft.accel.kernels.NAME`, the aten ops they call inside counted in them).
+qft.accel.kernels' compiled loops as ops of their own (`qft.accel.kernels.NAME`, the aten ops they call inside
+counted in them).
 
     python benchmarks/step_ops.py                                   # SmolLM2-135M, BBC News, batch 16 x 64, defaults
     python benchmarks/step_ops.py quant.attention_dtype=fp32 --top 20
@@ -51,9 +52,9 @@ class OpTimer(TorchDispatchMode):
         return out
 
     def timed(self, name: str, f):
-        """f, timed as one op (qft.accel.kernels' loops are numba code, which the dispatcher does not see). The aten ops it
-        calls (its outputs' allocations) run outside this mode: through it each cost some 20-50 us of Python, which
-        made a loop's time in a step seem 1.2-1.5x what a plain clock around it reads."""
+        """f, timed as one op (qft.accel.kernels' loops are numba code, which the dispatcher does not see). The aten
+        ops it calls (its outputs' allocations) run outside this mode: through it each cost some 20-50 us of Python,
+        which made a loop's time in a step seem 1.2-1.5x what a plain clock around it reads."""
         def call(*args):
             t = time.perf_counter()
             try:

@@ -212,11 +212,11 @@ def execution(cfg) -> dict:
     import torch
 
     cpu, kind = cpu_kind()
+    asked = switches(cfg)
     return {**_CODE, "qft_version": versions_of(("qft",))["qft"], "cpu": cpu, "cpu_id": cpu_id(),
             "cpu_kind": kind, "threads": torch.get_num_threads(), "compute_dtype": cfg.quant.compute_dtype,
-            "fuse_projections": switches(cfg)["fuse_projections"],
-            **{k: switches(cfg)[k] for k in SWITCHES}, "torch": torch.__version__,
-            "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
+            "fuse_projections": asked["fuse_projections"], **{k: asked[k] for k in SWITCHES},
+            "torch": torch.__version__, "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
 
 
 EXAMPLES = "examples.npz"

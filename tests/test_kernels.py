@@ -1,5 +1,5 @@
-"""The compiled loops (qft.accel.kernels) give the very bits torch's ops give: train.compiled_masks (the fast dropout mask as
-one pass), train.compiled_sums (a projection's frozen and scaled LoRA outputs summed in one pass) and
+"""The compiled loops (qft.accel.kernels) give the very bits torch's ops give: train.compiled_masks (the fast dropout
+mask as one pass), train.compiled_sums (a projection's frozen and scaled LoRA outputs summed in one pass) and
 train.compiled_rope (the rotary embedding of q and k in one pass)."""
 
 import collections

@@ -369,7 +369,7 @@ def _layer_work(p: Resolved, depth: int, b: int, held: int) -> int:
 
 
 def _group_width(p: Resolved, depth: int, names: tuple) -> int:
-    """Output width of a group qft.fuse runs as one (all members present, of one backend that fuses), else 0."""
+    """Output width of a group qft.accel.fuse runs as one (all members present, of one backend that fuses), else 0."""
     members = [l for l in p.projections if l.depth == depth and l.proj in names]
     backends = {quant.for_settings(p.quant[l.name]).name for l in members}
     if len(members) != len(names) or len(backends) != 1 or not quant.BACKENDS[backends.pop()].fuses:
