@@ -16,9 +16,13 @@ def switches(cfg) -> dict:
 
     Keys are the switches' short names (train.* and quant.*); a config without one gets the value a run has always
     given it."""
-    out = {k: cfg.train.get(k, v) for k, v in _TRAIN.items()}
-    out.update({k: cfg.quant.get(k, v) for k, v in _QUANT.items()})
-    return {k: v if k == "host_allocator" else bool(v) for k, v in out.items()}
+    return {**{k: read(cfg.train, k) for k in _TRAIN}, **{k: read(cfg.quant, k) for k in _QUANT}}
+
+
+def read(group, name: str):
+    """One switch from its config group (cfg.train, cfg.quant), for code handed only the group."""
+    value = group.get(name, {**_TRAIN, **_QUANT}[name])
+    return value if name == "host_allocator" else bool(value)
 
 
 def on_device(cfg, device: str) -> dict[str, bool]:

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from qft import atomic, layers as L
+from qft.accel.settings import read as switch
 from qft.errors import QftError, boolean, number, one_of
 from qft.model import ATTENTION_DTYPES, COMPUTE_DTYPES, compute_dtype as dtype_of
 from qft.quant import bnb4, dense, int8  # noqa: F401  (the built-in backends register themselves)
@@ -84,7 +85,7 @@ def quantize(model: nn.Module, cfg, layers: list[L.Layer], device: torch.device,
 
     compute_dtype = dtype_of(cfg.compute_dtype, device)
     settings = plan(cfg, layers)
-    dequantize = cfg.get("cache_dequantized", False)
+    dequantize = switch(cfg, "cache_dequantized")
     stored = load_file(str(cache)) if cache is not None and cache.exists() else None
     # the RNG state the module inits end in, for this RNG state before them: restoring it skips the draws
     before = hashlib.sha256(torch.get_rng_state().numpy().tobytes()).hexdigest()[:16]
@@ -139,7 +140,7 @@ def cache_file(cfg, layers: list[L.Layer], fingerprint: str, device: torch.devic
     from importlib.metadata import version
 
     key = json.dumps({"model": fingerprint, "plan": plan(cfg, layers), "dtype": str(dtype_of(cfg.compute_dtype, device)),
-                      "dequantized": bool(cfg.get("cache_dequantized", False)), "device": device.type,
+                      "dequantized": switch(cfg, "cache_dequantized"), "device": device.type,
                       "bitsandbytes": version("bitsandbytes")}, sort_keys=True)
     return Path(cache_dir).expanduser() / "quantized" / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.safetensors"
 
