@@ -31,7 +31,9 @@ import step_ops
 
 
 def _fused(cfg) -> bool:
-    return bool(cfg.train.get("fuse_projections"))
+    from qft import accel
+
+    return accel.switches(cfg)["fuse_projections"]
 
 
 # what a config needs for the switch to act (the key to name, whether it holds, what is allowed), and the objects'
