@@ -49,7 +49,7 @@ def bf16():
 def projection(compute: str, proj: str = "q_proj", quant: str = "nf4"):
     """Layer 0's projection of the tiny model, as a run builds it (bitsandbytes base, peft LoRA, no dropout)."""
     _, _, built = build(f"quant={quant}", f"quant.compute_dtype={compute}", "adapter.dropout=0",
-                        f"adapter.attn.r={R}", f"adapter.mlp.r={R}", "train.fuse_projections=false")
+                        f"adapter.attn.r={R}", f"adapter.mlp.r={R}", "accel.fuse_projections=false")
     module = built.model.get_base_model().model.layers[0].self_attn.get_submodule(proj)
     return module, [*module.parameters(), *module.buffers()]
 
