@@ -28,11 +28,11 @@ import torch
 
 import speed
 import step_ops
-from qft import schema
+from qft import accel
 
 
 def _fused(cfg) -> bool:
-    return bool(schema.accel_switches(cfg, "cpu")["fuse_projections"])
+    return accel.switches(cfg, "cpu")["fuse_projections"]
 
 
 # what a config needs for the switch to act (the key to name, whether it holds, what is allowed), and the objects'
@@ -61,7 +61,8 @@ def main() -> None:
     a = ap.parse_args()
     from omegaconf import OmegaConf
 
-    from qft import adapter, fuse, model
+    from qft import model
+    from qft.accel import fuse, masks, rope
     from qft.errors import QftError
 
     n = a.warmup + 2 * a.pairs
@@ -70,14 +71,14 @@ def main() -> None:
     if not holds(cfg):
         raise QftError(key, OmegaConf.select(cfg, key), allowed)
     net, step = step_ops.workload(cfg)
-    switched = {"masks": adapter.compile_masks, "sums": fuse.compile_sums, "rope": model.compile_rope,
+    switched = {"masks": masks.compile_masks, "sums": fuse.compile_sums, "rope": rope.compile_rope,
                 "rows": fuse.split_rows}[a.loops](net)
     if not switched and attr == "compiled":
         import importlib.util
 
         raise QftError(f"train.compiled_{a.loops}", True, "numba is not installed (pip install numba)"
                        if importlib.util.find_spec("numba") is None
-                       else "this model's rotary function is not the one qft.kernels.rope computes")
+                       else "this model's rotary function is not the one qft.accel.kernels.rope computes")
     seconds = {True: [], False: []}
     for i in range(n):
         on = i % 2 == 0

@@ -23,26 +23,40 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-# the functions of a start-up's parts, as run.run and run.build call them (module, function)
+# the functions of a start-up's parts, as run.run and run.build call them (module, function); a module named
+# "new|old" is the first of them the tree has, so a checkout from before code moved is timed alike
 PARTS = {"validate": [("validate", "validate")], "tokenizer": [("model", "load_tokenizer")],
          "data": [("data", "prepare")], "load": [("model", "load")], "quantize": [("quant", "quantize")],
          "adapters (peft)": [("adapter", "attach")],
-         "switches": [("adapter", "compile_masks"), ("model", "compile_rope"), ("fuse", "install"),
-                      ("fuse", "compile_sums"), ("fuse", "split_rows")]}
+         "switches": [("accel.masks|adapter", "compile_masks"), ("accel.rope|model", "compile_rope"),
+                      ("accel.fuse|fuse", "install"), ("accel.fuse|fuse", "compile_sums"),
+                      ("accel.fuse|fuse", "split_rows")]}
+
+
+def _module(names: str, function: str):
+    """The first of the qft modules `names` ("a|b") that this tree has and that holds `function`."""
+    import importlib
+
+    for name in names.split("|"):
+        try:
+            module = importlib.import_module(f"qft.{name}")
+        except ModuleNotFoundError:
+            continue
+        if hasattr(module, function):
+            return module
+    raise ModuleNotFoundError(f"none of qft.{names.replace('|', ', qft.')} holds {function}")
 
 
 def child(a) -> None:
     """In this process, with qft imported from `a.tree`: one run, then the probes; their timings as JSON on stdout."""
     sys.path[:0] = [str(Path(a.tree).resolve()), str(HERE)]
-    import importlib
-
     import speed
     from qft import run, train
 
     spent: dict[str, float] = {}
     for part, funcs in PARTS.items():
         for mod, name in funcs:
-            m = importlib.import_module(f"qft.{mod}")
+            m = _module(mod, name)
             f = getattr(m, name)
 
             def timed(*x, _f=f, _part=part, **k):

@@ -1,5 +1,6 @@
 """Where a qft training step goes, op by op: every aten (and bitsandbytes) op of a few steps timed as it runs, and
-qft.kernels' compiled loops as ops of their own (`qft.kernels.NAME`, the aten ops they call inside counted in them).
+qft.accel.kernels' compiled loops as ops of their own (`qft.accel.kernels.NAME`, the aten ops they call inside
+counted in them).
 
     python benchmarks/step_ops.py                                   # SmolLM2-135M, BBC News, batch 16 x 64, defaults
     python benchmarks/step_ops.py quant.attention_dtype=fp32 --top 20
@@ -51,9 +52,9 @@ class OpTimer(TorchDispatchMode):
         return out
 
     def timed(self, name: str, f):
-        """f, timed as one op (qft.kernels' loops are numba code, which the dispatcher does not see). The aten ops it
-        calls (its outputs' allocations) run outside this mode: through it each cost some 20-50 us of Python, which
-        made a loop's time in a step seem 1.2-1.5x what a plain clock around it reads."""
+        """f, timed as one op (qft.accel.kernels' loops are numba code, which the dispatcher does not see). The aten
+        ops it calls (its outputs' allocations) run outside this mode: through it each cost some 20-50 us of Python,
+        which made a loop's time in a step seem 1.2-1.5x what a plain clock around it reads."""
         def call(*args):
             t = time.perf_counter()
             try:
@@ -73,10 +74,10 @@ def compose(batch: int, seq: int, steps: int, overrides: list[str]):
 def workload(cfg):
     """The model of a `compose`d config and one training step of it (step(i) trains on batch i), as `speed.py`'s qft
     run builds and trains it (no schedule)."""
-    from qft import data, model, run, schema, train
+    from qft import accel, data, model, run, train
 
     batch = cfg.train.batch_size
-    train.tune_host_allocator(schema.accel_switches(cfg, "cpu")["host_allocator"])
+    accel.tune_host_allocator(accel.switches(cfg, "cpu")["host_allocator"])
     source = model.resolve(cfg.model, cfg.cache_dir)
     tokenizer = model.load_tokenizer(source)
     split = data.prepare(cfg.data, tokenizer, cfg.cache_dir).splits["train"]
@@ -100,9 +101,9 @@ def workload(cfg):
 
 @contextlib.contextmanager
 def compiled_loops_timed(timer: OpTimer):
-    """qft.kernels' public loops timed as ops of their own, `qft.kernels.NAME`, where numba is installed."""
+    """qft.accel.kernels' public loops timed as ops of their own, `qft.accel.kernels.NAME`, where numba is installed."""
     try:
-        from qft import kernels
+        from qft.accel import kernels
     except ImportError:
         yield
         return
@@ -110,7 +111,7 @@ def compiled_loops_timed(timer: OpTimer):
     own = {n: getattr(kernels, n) for n in names}
     try:
         for n in names:
-            setattr(kernels, n, timer.timed(f"qft.kernels.{n}", own[n]))
+            setattr(kernels, n, timer.timed(f"qft.accel.kernels.{n}", own[n]))
         yield
     finally:
         for n in names:

@@ -154,8 +154,8 @@ def mark_quantized(model: nn.Module) -> None:
 
 class _MaskedScale(torch.autograd.Function):
     """x * keep / (1 - p) with keep = lanes >= threshold, keeping only the 1-byte mask for backward (torch's dropout
-    keeps a mask in x's dtype). Compiled (`accel.compiled_masks`, qft.kernels): one pass, and where the output feeds
-    one matmul under bf16 autocast (`cast`) it is already the bf16 copy autocast would make of it, so the gradient
+    keeps a mask in x's dtype). Compiled (`accel.compiled_masks`, qft.accel.kernels): one pass, and where the output
+    feeds one matmul under bf16 autocast (`cast`) it is already the bf16 copy autocast would make of it, so the gradient
     comes back in bf16 and is widened in the same pass as it is masked: the same bits as the torch ops below. Not
     where several matmuls read one dropped input (adapter.shared_dropout): autograd would sum their gradients in
     bf16, where each autocast copy's gradient is widened to fp32 before the sum."""
@@ -165,7 +165,7 @@ class _MaskedScale(torch.autograd.Function):
         ctx.scale = scale
         ctx.compiled = compiled and x.device.type == "cpu" and x.dtype == torch.float32 and x.is_contiguous()
         if ctx.compiled:
-            from qft import kernels
+            from qft.accel import kernels
 
             cast = cast and torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
             out = torch.empty(x.shape, dtype=torch.bfloat16 if cast else torch.float32)
@@ -181,7 +181,7 @@ class _MaskedScale(torch.autograd.Function):
     def backward(ctx, grad):
         (keep,) = ctx.saved_tensors
         if ctx.compiled and grad.dtype in (torch.float32, torch.bfloat16):
-            from qft import kernels
+            from qft.accel import kernels
 
             grad, out = grad.contiguous(), torch.empty(grad.shape, dtype=torch.float32)
             kernels.undrop(grad, keep, ctx.scale, out)
@@ -228,38 +228,13 @@ class FastDropout(nn.Module):
 
 def draws(n: int, device: torch.device, compiled: bool) -> torch.Tensor:
     """n raw 64-bit draws from torch's generator for the device; `compiled`: on the CPU the same draws made on every
-    thread (qft.kernels) wherever that can promise them."""
+    thread (qft.accel.kernels) wherever that can promise them."""
     bits = None
     if compiled and device.type == "cpu":
-        from qft import kernels
+        from qft.accel import kernels
 
         bits = kernels.random_bits(n)
     return torch.empty(n, dtype=torch.int64, device=device).random_(-2**63, None) if bits is None else bits
-
-
-def compile_masks(model: nn.Module) -> list:
-    """Run every fast dropout mask of the model as one compiled pass (`accel.compiled_masks`, qft.kernels): the same
-    bits in fewer passes. Compiles (or loads numba's cached build) here, before any step, keeping torch's thread
-    count. Returns the masks; none where numba is not installed, and torch's ops run as without."""
-    try:
-        from qft import kernels
-    except ImportError:  # numba is not installed
-        return []
-    masks = []
-    for m in model.modules():
-        if isinstance(m, FastDropout):
-            m.compiled = True
-            masks.append(m)
-        # masks whose dropped input more than one matmul reads hand them fp32
-        if isinstance(m, SharedDropout) and isinstance(m.inner, FastDropout):
-            m.inner.one_reader = False
-        if isinstance(getattr(m, "lora_dropout", None), nn.ModuleDict):  # a variant (DoRA) reads x beside lora_A
-            for key, drop in m.lora_dropout.items():
-                if isinstance(drop, FastDropout) and (getattr(m, "lora_variant", None) or {}).get(key):
-                    drop.one_reader = False
-    if masks:
-        kernels.warm()
-    return masks
 
 
 def verify(peft_model, plan_: dict[str, dict], use_rslora: bool) -> None:

@@ -25,7 +25,7 @@ _MLP = ("gate_proj", "up_proj", "down_proj")
 
 @dataclass(frozen=True)
 class Architecture:
-    """A decoder qft serves: its projections per layer type, which of them read one input (qft.fuse runs each
+    """A decoder qft serves: its projections per layer type, which of them read one input (qft.accel.fuse runs each
     such group as one), and whether qft.pipeline can cut it into stages (embed -> layers with the causal mask and
     rotary -> norm -> head, as a pipeline stage runs it)."""
 

@@ -15,12 +15,10 @@ import os
 import shutil
 import tempfile
 import threading
-import types
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from qft import atomic
 from qft.errors import QftError, boolean, integer, mapping, text
@@ -372,129 +370,6 @@ def attention_dtype(model, name: str) -> None:
     model.set_attn_implementation(_FP32_SDPA)
     if model.config._attn_implementation != _FP32_SDPA:  # transformers only warns where a model refuses the switch
         raise QftError("quant.attention_dtype", name, "this model does not let its attention be replaced: use compute")
-
-
-class _Rope(torch.autograd.Function):
-    """HF's rotary embedding of q and k as one compiled pass each, forward and backward (`accel.compiled_rope`,
-    qft.kernels.rope): the same bits as its ten ops forward and fourteen backward (a NaN's sign aside), outputs and
-    gradients laid out as they lay them out (a norm's weight gradient behind q sums in that layout's order)."""
-
-    @staticmethod
-    def forward(ctx, q, k, cos, sin):
-        from qft import kernels
-
-        ctx.save_for_backward(cos, sin)
-        ctx.set_materialize_grads(False)  # an output nothing read hands its input no gradient, as HF's ops do
-        outs = []
-        for x in (q, k):
-            out = torch.empty_like(x)  # x's layout, as HF's ops leave it
-            kernels.rope(x, cos, sin, out)
-            outs.append(out)
-        return tuple(outs)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, *grads):
-        from qft import kernels
-
-        cos, sin = ctx.saved_tensors
-        outs = []
-        for g, needed in zip(grads, ctx.needs_input_grad):
-            out = None
-            if g is not None and needed:
-                g = g if g.stride(-1) == 1 else g.contiguous()
-                out = torch.empty(g.shape)  # contiguous, as autograd's sum of HF's terms is laid out
-                kernels.rope(g, cos, sin, out, True)  # the gradient
-            outs.append(out)
-        return (*outs, None, None)
-
-
-def _rope_fits(q, k, cos, sin) -> bool:
-    """Whether _Rope computes what HF's function does on these: fp32 on the CPU, (batch, heads, seq, dim) with a
-    shared batch, seq and even dim, cos and sin (1 or batch, seq, dim) without gradients."""
-    t = (q, k, cos, sin)
-    if any(not isinstance(x, torch.Tensor) or x.dtype != torch.float32 or x.device.type != "cpu" for x in t):
-        return False
-    if q.dim() != 4 or k.dim() != 4 or cos.dim() != 3 or cos.shape != sin.shape or q.shape[3] % 2:
-        return False
-    batch, _, seq, dim = q.shape
-    return (k.shape[0], k.shape[2], k.shape[3]) == (batch, seq, dim) and cos.shape[0] in (1, batch) \
-        and tuple(cos.shape[1:]) == (seq, dim) and not (cos.requires_grad or sin.requires_grad) \
-        and cos.is_contiguous() and sin.is_contiguous() and q.stride(-1) == k.stride(-1) == 1
-
-
-def _compiled_rope(self, *args, **kwargs):
-    """The forward of an attention module's own rotary function (transformers' `kernels` wrapper): _Rope where it
-    fits and the switch is on, else the function."""
-    if self.compiled and len(args) == 4 and not kwargs and _rope_fits(*args):
-        return _Rope.apply(*args)
-    return type(self).forward(self, *args, **kwargs)
-
-
-def same_bits(x: torch.Tensor, y: torch.Tensor) -> bool:
-    """Equal dtype, shape and bits (a signed zero and a NaN's payload count): what an exact switch must keep."""
-    as_int = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-    return x.dtype == y.dtype and x.shape == y.shape and torch.equal(x.view(as_int[x.element_size()]),
-                                                                     y.view(as_int[y.element_size()]))
-
-
-def spread(shape, generator: torch.Generator) -> torch.Tensor:
-    """fp32 values over 2^-12..2^12, whose partial sums cancel: another order of summation or rounding then shows in
-    most outputs, where from plain randn values (bf16 especially) it may round away. What the exact switches' probes
-    compute on."""
-    return torch.randn(shape, generator=generator).mul_(torch.randint(-12, 13, shape, generator=generator).exp2())
-
-
-def _rope_is_hfs(func) -> bool:
-    """Whether an architecture's rotary function is the one _Rope computes, bit for bit forward and backward, on
-    spread values with signed zeros, a broadcast cos and GQA's fewer k heads."""
-    g = torch.Generator().manual_seed(0)
-
-    def signed(*shape):
-        x = spread(shape, g)
-        return x.masked_fill(torch.rand(shape, generator=g) < 0.05, 0.0).mul_(
-            torch.randint(0, 2, shape, generator=g) * 2 - 1)
-
-    cos, sin, got = signed(1, 5, 8), signed(1, 5, 8), []
-    inputs = [signed(2, 5, 3 * 8), signed(2, 5, 1 * 8)]
-    grads = [signed(2, 3, 5, 8), signed(2, 1, 5, 8)]
-    for f in (func, lambda *a: _Rope.apply(*a)):
-        x = [t.clone().requires_grad_() for t in inputs]
-        qk = [t.view(2, 5, -1, 8).transpose(1, 2) for t in x]
-        try:
-            outs = f(*qk, cos, sin)
-            torch.autograd.backward(outs, grads)
-        except Exception:  # a rotary function of another signature
-            return False
-        got.append([*outs, *(t.grad for t in x)])
-    return all(same_bits(a, b) for a, b in zip(*got))
-
-
-def compile_rope(model) -> list:
-    """Run each attention module's rotary embedding as one compiled pass forward and one backward
-    (`accel.compiled_rope`, qft.kernels): on the CPU HF's ops make ten passes forward and fourteen backward over
-    q and k, about 2-3% of a SmolLM2 step (benchmarks/README.md). The hook is the per-module rotary function that
-    transformers keeps for its `kernels` hub (a `kernelize` of ours): where an architecture's function is not the
-    one computed here, bit for bit on a probe, or numba or that wrapper is missing, nothing changes. Returns the
-    functions switched (their `compiled` flag); compiles the loops here, before any step, and before the probe runs
-    one: numba's OpenMP start-up would reset torch's thread count there, and the record's `threads` with it."""
-    try:
-        from qft import kernels
-    except ImportError:  # numba is not installed
-        return []
-    switched, checked = [], {}
-    for module in model.modules():
-        for func in getattr(module, "_kernel_funcs", {}).values():
-            if getattr(func, "kernel_layer_name", None) != "rotary_pos_emb":
-                continue
-            if type(func) not in checked:
-                kernels.warm()  # before the probe runs a loop (once a process; nothing where no function is probed)
-                checked[type(func)] = _rope_is_hfs(type(func)().__call__)
-            if checked[type(func)]:
-                func.compiled = True
-                func.forward = types.MethodType(_compiled_rope, func)
-                switched.append(func)
-    return switched
 
 
 def dense_input(module, args):

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from qft import (adapter, budget, data, evaluate, fuse, layers, logger, model, pipeline, quant, record, schema, train,
+from qft import (accel, adapter, budget, data, evaluate, layers, logger, model, pipeline, quant, record, train,
                  validate)
 from qft.planning import stages
 from qft.errors import QftError
@@ -63,7 +63,7 @@ def _run(cfg, run_dir: Path, keys) -> dict:
             print(f"qft: {run_dir} already holds an ok record of this config; skipped (sweep.force=true reruns it)")
             return previous
         record.reset_peak_memory(device)
-        train.tune_host_allocator(schema.accel_switches(cfg, device.type)["host_allocator"])
+        accel.tune_host_allocator(accel.switches(cfg, device)["host_allocator"])
         source = model.resolve(cfg.model, cfg.cache_dir)
         rec["budget_ranks"] = budget.apply(cfg, budget.meta_layers(source)) if cfg.budget.params is not None else None
         validate.validate(cfg, depth=source.num_layers)
@@ -84,6 +84,7 @@ def _run(cfg, run_dir: Path, keys) -> dict:
         built = build(cfg, source, torch.device("cpu") if stage_plan else device, trains_on=device)
         rec["load_seconds"] = time.time() - t_load
         rec["execution"].update(built.ran)
+        print(f"qft: speed layer: {', '.join(k for k, v in built.ran.items() if v) or 'none'}")
         rec.update(_train_and_score(cfg, run_dir, config_hash, task, tokenizer, built, device, tracker, stage_plan,
                                     rec["execution"]))
     except BaseException as e:
@@ -149,30 +150,14 @@ def build(cfg, source: model.Source, device: torch.device, trains_on: torch.devi
     net = model.load(source)
     model.attention_dtype(net, cfg.quant.attention_dtype)
     projections = layers.classify(net, source.model_type)
-    cpu = (trains_on or device).type == "cpu"  # the compiled loops are CPU code
-    accel = schema.accel_switches(cfg, "cpu" if cpu else "cuda")
+    on = accel.switches(cfg, trains_on or device)
     cached = quant.cache_file(cfg.quant, projections, model.fingerprint(source), device, cfg.cache_dir,
-                              accel["cache_dequantized"]) if accel["cache_quantized"] else None
-    bits = quant.quantize(net, cfg.quant, projections, device, cached, accel["cache_dequantized"])
+                              on["cache_dequantized"]) if on["cache_quantized"] else None
+    bits = quant.quantize(net, cfg.quant, projections, device, cached, on["cache_dequantized"])
     base_bytes = quant.base_bytes(net, projections)
     net, plan = adapter.attach(net, cfg.adapter, projections, layers.architecture(source.model_type).shared_input)
-    # the record's execution switches as installed: where the config asks, training is on the CPU and the switch
-    # found something to change (no numba, no fast masks, no fused groups, a refused rotary form: off)
-    ran = dict.fromkeys(record.SWITCHES, False)
-    if accel["compiled_masks"] and cpu:
-        ran["compiled_masks"] = bool(adapter.compile_masks(net))
-    if accel["compiled_rope"] and cpu:
-        ran["compiled_rope"] = bool(model.compile_rope(net))
-    # fusion on the CPU only: on CUDA, where cuBLAS promises no column its bits inside a wider matmul, it has not been
-    # shown to change no number (scripts/gpu_check.py compares it there); the record says whether it ran
-    ran["fuse_projections"] = bool(accel["fuse_projections"]) and cpu
-    if ran["fuse_projections"]:
-        fuse.install(net, projections, source.model_type)
-        if accel["compiled_sums"]:
-            ran["compiled_sums"] = bool(fuse.compile_sums(net))
-        # the halves are for matmuls on several threads (`fuse._linear`): at one thread the switch never splits
-        if accel["split_rows"] and threads > 1:
-            ran["split_rows"] = bool(fuse.split_rows(net))
+    # the record's execution switches as installed (the compiled loops are CPU code)
+    ran = accel.install(net, cfg, trains_on or device, projections, source.model_type, threads)
     depth_groups = {g: tuple(v["layers"]) for g, v in (cfg.adapter.depth_groups or {}).items()} or None
     if torch.get_num_threads() != threads:
         print(f"qft: note: torch's thread count moved from {threads} to {torch.get_num_threads()} while the model was "

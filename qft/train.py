@@ -35,27 +35,6 @@ def check(cfg, device: str) -> None:
         raise QftError("train.optimizer", cfg.optimizer, "8-bit and paged AdamW need CUDA; on CPU use adamw")
 
 
-def tune_host_allocator(how: str) -> bool:
-    """With `how` "tuned" (accel.host_allocator), keep freed host memory in glibc's heap instead of returning it to
-    the kernel; "default" leaves glibc as it is. Returns whether it tuned.
-
-    By default glibc serves every block over its mmap threshold (128 KiB, adapting up to 32 MiB) with a
-    fresh mmap and unmaps it on free, so each step's activations page-fault and are zeroed again: about 7%
-    of a SmolLM2 step on 2 CPU cores. The peak stays the live tensors' peak; only the give-back is deferred.
-    Changes no number (tests/test_speed_switches.py); a no-op outside glibc.
-    """
-    if how != "tuned" or not sys.platform.startswith("linux"):
-        return False
-    import ctypes
-
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return False
-    m_trim_threshold, m_mmap_threshold = -1, -3
-    return bool(libc.mallopt(m_mmap_threshold, 1 << 30)) and bool(libc.mallopt(m_trim_threshold, (1 << 31) - 1))
-
-
 def freeze_survivors() -> int:
     """Between a sweep's runs (Hydra's basic launcher runs them in one process): collect the finished run's
     reference cycles, then put every object still alive out of the garbage collector's sight (`gc.freeze`).

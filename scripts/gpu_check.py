@@ -24,7 +24,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from qft import config, data, evaluate, fuse, layers, model, offload, quant, record, run, train  # noqa: E402
+from qft import config, data, evaluate, layers, model, offload, quant, record, run, train  # noqa: E402
+from qft.accel import fuse  # noqa: E402
 from qft import adapter as qadapter  # noqa: E402
 from qft.planning import measure  # noqa: E402
 from qft.tools import memory  # noqa: E402

@@ -77,11 +77,11 @@ def test_step_ops_times_every_op_of_a_real_step():
     assert sum(ms for ms, _, _ in ops.values()) == pytest.approx(1e3 * in_ops, abs=0.05 + 0.005 * len(ops))
     assert ops["aten._scaled_dot_product_flash_attention_for_cpu_backward"][2] == 4  # tiny_llama: 4 layers
     # one fast dropout mask per adapted projection, drawn, applied and undone by compiled loops (accel.compiled_masks)
-    assert ops["qft.kernels.random_bits"][2] == ops["qft.kernels.drop"][2] == 4 * 7
-    assert ops["qft.kernels.undrop"][2] == 4 * 7 - 3  # layer 0's q/k/v read the embedding, which needs no gradient
-    assert ops["qft.kernels.lora_sum"][2] == 4 * 7 and "aten.random_" not in ops  # bf16 attention: o sums in bf16
-    assert ops["qft.kernels.lora_sum_grad"][2] == 4 * 6
-    assert ops["qft.kernels.rope"][2] == 4 * 2 * 2 and "aten.neg" not in ops  # q and k, forward and backward
+    assert ops["qft.accel.kernels.random_bits"][2] == ops["qft.accel.kernels.drop"][2] == 4 * 7
+    assert ops["qft.accel.kernels.undrop"][2] == 4 * 7 - 3  # layer 0's q/k/v read the embedding: no gradient
+    assert ops["qft.accel.kernels.lora_sum"][2] == 4 * 7 and "aten.random_" not in ops  # bf16 attention: o sums in bf16
+    assert ops["qft.accel.kernels.lora_sum_grad"][2] == 4 * 6
+    assert ops["qft.accel.kernels.rope"][2] == 4 * 2 * 2 and "aten.neg" not in ops  # q and k, forward and backward
     assert any(re.fullmatch(r"aten\.mm \[\d+, \d+\] x \[\d+, \d+\]", name) for name in ops)  # matmuls by shape
     # --split keys the casts by operand and result: bf16 compute casts fp32 activations down and gradients up
     assert "aten._to_copy" not in ops

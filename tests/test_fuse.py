@@ -1,4 +1,4 @@
-"""Fused projections (qft.fuse) compute what the unfused model computes, with peft's own modules in place."""
+"""Fused projections (qft.accel.fuse) compute what the unfused model computes, with peft's own modules in place."""
 
 import collections
 import time
@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 from peft.tuners.lora import bnb as lora_bnb
 
-from qft import fuse, record, train
+from qft import record, train
+from qft.accel import fuse
 from conftest import build, make_cfg, spread_lora_b
 
 PROMPTS = [[5, 6, 7, 8, 9], [11, 12, 13], [20, 21, 22, 23, 24, 25, 26]]

@@ -1,5 +1,5 @@
-"""The compiled loops (qft.kernels) give the very bits torch's ops give: accel.compiled_masks (the fast dropout mask as
-one pass), accel.compiled_sums (a projection's frozen and scaled LoRA outputs summed in one pass) and
+"""The compiled loops (qft.accel.kernels) give the very bits torch's ops give: accel.compiled_masks (the fast dropout
+mask as one pass), accel.compiled_sums (a projection's frozen and scaled LoRA outputs summed in one pass) and
 accel.compiled_rope (the rotary embedding of q and k in one pass)."""
 
 import collections
@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from conftest import build, make_cfg, spread_lora_b
-from qft import adapter, fuse, kernels, model, record, train
+from qft import adapter, model, record, train
+from qft.accel import fuse, kernels, masks, rope
 
 P = 0.05
 THRESHOLD, SCALE = round(P * 65536) - 32768, 65536 / (65536 - round(P * 65536))
@@ -92,15 +93,16 @@ def test_bf16_rounding_is_torchs_for_every_exponent_and_mantissa_and_each_way_of
 THREADS = """
 import sys, torch
 from qft import adapter, model
+from qft.accel import masks, rope
 sys.path.insert(0, "tests")
 from conftest import make_cfg
 torch.ones(1000, 1000) @ torch.ones(1000, 1000)  # torch's OpenMP runtime loaded and in use
 before = torch.get_num_threads()
 if sys.argv[1] == "masks":
-    adapter.compile_masks(torch.nn.Sequential(adapter.FastDropout(0.1)))
+    masks.compile_masks(torch.nn.Sequential(adapter.FastDropout(0.1)))
 elif sys.argv[1] == "rope":  # the rotary loop's install, whose probe runs a compiled loop
     cfg = make_cfg()
-    assert model.compile_rope(model.load(model.resolve(cfg.model, cfg.cache_dir)))
+    assert rope.compile_rope(model.load(model.resolve(cfg.model, cfg.cache_dir)))
 else:  # a whole build whose first compiled install is the rotary loop's (no masks to install first)
     from qft import run
     cfg = make_cfg("accel.compiled_masks=false")
@@ -168,7 +170,7 @@ def test_compiled_masks_is_an_execution_switch_outside_the_hash():
     assert_outside_the_hash("compiled_masks")
     _, _, built = build("accel.compiled_masks=false", "adapter.dropout=0.1")
     assert not any(getattr(m, "compiled", False) for m in built.model.modules())
-    assert len(adapter.compile_masks(built.model)) == 4 * 7
+    assert len(masks.compile_masks(built.model)) == 4 * 7
 
 
 def same_bits_but_nan(a, b):
@@ -274,7 +276,7 @@ WARM = """
 import sys
 sys.path.insert(0, "tests")
 import torch
-from qft import kernels
+from qft.accel import kernels
 from test_kernels import run_model
 kernels.warm()
 loops = [getattr(kernels, n) for n in dir(kernels) if hasattr(getattr(kernels, n), "signatures")]
@@ -480,7 +482,7 @@ def test_compiled_rope_gives_the_bits_of_hfs_ops(batch, cos_rows, heads, kv, seq
     a sum's expanded gradient, an unread k; outputs and the gradients handed back laid out as HF's ops lay them
     out (a norm after the projection, Qwen3's q_norm, sums its weight's gradient in that order)."""
     args = (batch, cos_rows, heads, kv, seq, dim, layout)
-    assert same_case(rope_case(lambda *a: model._Rope.apply(*a), *args, grads=grads),
+    assert same_case(rope_case(lambda *a: rope._Rope.apply(*a), *args, grads=grads),
                      rope_case(hf_rope(), *args, grads=grads))
 
 
@@ -502,8 +504,8 @@ def test_compiled_rope_takes_only_hfs_function():
             return x * cos.unsqueeze(1) + turned * sin.unsqueeze(1)
         return rot(q), rot(k)
 
-    assert model._rope_is_hfs(hf_rope())
-    assert not any(model._rope_is_hfs(f) for f in (partial, interleaved, lambda q, k, cos, sin, ids: (q, k)))
+    assert rope._rope_is_hfs(hf_rope())
+    assert not any(rope._rope_is_hfs(f) for f in (partial, interleaved, lambda q, k, cos, sin, ids: (q, k)))
 
 
 def test_compiled_rope_runs_hfs_ops_where_it_does_not_fit_or_is_off():
@@ -537,7 +539,7 @@ def test_compiled_rope_is_an_execution_switch_outside_the_hash():
     _, _, built = build("accel.compiled_rope=false")
     assert not any(getattr(f, "compiled", False) for m in built.model.modules()
                    for f in getattr(m, "_kernel_funcs", {}).values())
-    assert len(model.compile_rope(built.model)) == 4
+    assert len(rope.compile_rope(built.model)) == 4
 
 
 def test_compiled_rope_survives_train_and_eval_of_a_model_loaded_from_a_folder(tmp_path):

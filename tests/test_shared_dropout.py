@@ -35,7 +35,7 @@ def test_a_group_reads_one_dropped_input_drawn_as_its_first_member_would():
 
 
 def test_shared_masks_hold_under_checkpointing_and_fusion():
-    """Checkpointing's recompute draws the group's mask again from the restored RNG state, and qft.fuse runs the
+    """Checkpointing's recompute draws the group's mask again from the restored RNG state, and qft.accel.fuse runs the
     shared dropout as peft's own: same loss and gradients either way."""
     _, loss, grads, _ = outputs(False, "fp32", "adapter.shared_dropout=true")
     for fused, ckpt in ((False, True), (True, False), (True, True)):

@@ -75,10 +75,9 @@ import sys, torch
 from safetensors.torch import save_file
 sys.path.insert(0, "tests")
 from conftest import make_cfg
-from qft import schema, train
+from qft import accel
 import test_speed_switches as t
-switches = schema.accel_switches(make_cfg(f"accel.host_allocator={sys.argv[1]}"), "cpu")
-print(train.tune_host_allocator(switches["host_allocator"]))
+print(accel.tune_host_allocator(accel.switches(make_cfg(f"accel.host_allocator={sys.argv[1]}"), "cpu")["host_allocator"]))
 _, loss, grads, logits = t.loss_grads_logits(f"accel.host_allocator={sys.argv[1]}")
 save_file({**{"g." + k: v for k, v in grads.items()}, "logits": logits, "loss": torch.tensor(loss)}, sys.argv[2])
 """

@@ -4,6 +4,7 @@ from pathlib import Path
 import torch
 
 from qft import evaluate, model, record, run, schema, train
+from qft.accel import rope
 from conftest import TINY_DATA, build, make_cfg
 
 
@@ -319,7 +320,7 @@ def test_build_reports_which_execution_switches_it_installed(overrides, off, mon
     """A switch on in the config counts only where it was installed: a rotary form the probe refuses, no dropout or
     no fused groups leave it off (what a run's record then says; training off the CPU: the next test)."""
     if overrides == ["refused rope"]:
-        monkeypatch.setattr(model, "_rope_is_hfs", lambda func: False)
+        monkeypatch.setattr(rope, "_rope_is_hfs", lambda func: False)
         overrides = []
     ran = build(*overrides)[2].ran
     if torch.get_num_threads() == 1:  # split_rows never splits at one thread: not installed
@@ -332,8 +333,8 @@ def test_build_leaves_the_thread_count_it_found(monkeypatch, capsys):
     leave the run computing at another count than its record names."""
     cfg = make_cfg()
     source = model.resolve(cfg.model, cfg.cache_dir)
-    before, real = torch.get_num_threads(), model.compile_rope
-    monkeypatch.setattr(model, "compile_rope", lambda net: torch.set_num_threads(before + 1) or real(net))
+    before, real = torch.get_num_threads(), rope.compile_rope
+    monkeypatch.setattr(rope, "compile_rope", lambda net: torch.set_num_threads(before + 1) or real(net))
     try:
         run.build(cfg, source, torch.device("cpu"))
         assert torch.get_num_threads() == before

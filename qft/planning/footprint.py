@@ -9,9 +9,10 @@ every term: the residual stream and RMSNorm inputs are fp32 (norms and embedding
 projections return fp32, SwiGLU keeps three MLP-wide tensors, SDPA keeps q, k, v, its output and the
 log-sum-exp instead of the s x s scores (plus its own additive copy of the padding mask), each LoRA side
 path keeps its dropout mask, a bf16 copy of its input and its rank-r middle, and bitsandbytes' int8 matmul
-keeps its input. Each term was derived from the tensors autograd saves (`saved_tensors_hooks`; they agree
-to 0.1%), the transient terms were fitted to `measure_peak` (benchmarks/memory.py: within 2.5% given the
-batch's shape, within 5.5% from the config alone on SmolLM2).
+keeps its input. What each op saves is one row of qft.planning.saved, per setting of the switches that
+decide it, checked op by op against `saved_tensors_hooks` (tests/test_saved.py); the transient terms were
+fitted to `measure_peak` (benchmarks/memory.py: within 2.5% given the batch's shape, within 5.5% from the config
+alone on SmolLM2).
 
 """
 
@@ -24,10 +25,11 @@ from dataclasses import dataclass, field
 import torch
 
 from qft import adapter as A
-from qft import budget, quant, schema
+from qft import accel, budget, quant
 from qft import layers as L
 from qft.errors import QftError
 from qft.model import DTYPES
+from qft.planning import saved
 
 GiB = 1024 ** 3  # memory in GiB everywhere qft prints it (offload.device_budget_gb too); bandwidth in GiB/s
 ANSWER_TOKENS = 4  # classification answers, which the config alone cannot tokenize: a label word of up to 4 tokens
@@ -85,7 +87,8 @@ class Resolved:
     offload: dict
     fast_mask: bool = False  # adapter.dropout_mask=fast keeps a 1-byte mask, torch's dropout one in its input's dtype
     shared_dropout: bool = False  # adapter.shared_dropout: one mask (and dropped input) per group reading one input
-    fused: bool = False  # accel.fuse_projections: groups reading one input share a matmul; the head is cast once
+    fused: bool = False  # accel.fuse_projections where it runs (the CPU): groups reading one input share a matmul;
+    # the head is cast once
     attention_fp32: bool = False  # quant.attention_dtype=fp32: SDPA keeps its tensors in fp32 under autocast
 
 
@@ -183,14 +186,14 @@ def resolve(cfg, source=None, answer_tokens: int | None = None, answer_rows: int
     if answer_tokens is None:
         answer_tokens = ANSWER_TOKENS if cfg.data.task == "classification" else cfg.data.max_length // 2
     dtype = _compute_dtype(cfg.quant.compute_dtype, device)
-    accel = schema.accel_switches(cfg, device)
+    on = accel.switches(cfg, device)
     return Resolved(cfg.model.name, shape, projections, quant.plan(cfg.quant, projections), ranks, biased, embed,
                 layer_other, head, tied, device, dtype, DTYPES[dtype].itemsize,
-                float(cfg.adapter.dropout) > 0, bool(accel["cache_dequantized"]),
+                float(cfg.adapter.dropout) > 0, bool(on["cache_dequantized"]),
                 bool(cfg.train.gradient_checkpointing), cfg.train.optimizer, int(cfg.train.batch_size),
                 int(cfg.data.max_length), int(answer_tokens), answer_rows, padded,
                 int(cfg.train.eval_batch_size), off, fast_mask=cfg.adapter.dropout_mask == "fast",
-                shared_dropout=bool(cfg.adapter.shared_dropout), fused=bool(accel["fuse_projections"]),
+                shared_dropout=bool(cfg.adapter.shared_dropout), fused=on["fuse_projections"],
                 attention_fp32=cfg.quant.attention_dtype == "fp32")
 
 
@@ -222,28 +225,55 @@ def optimizer_bytes(numels: list[int], optimizer: str, device: str) -> int:
 
 # ----------------------------------------------------------------------------------------------- activations
 
+_DTYPES = {"fp32": 4, "int64": 8, "bool": 1}  # the dtypes of qft.planning.saved whose size a config does not set
+
+
+def _mask_setting(p: Resolved) -> str:
+    """The dropout row a mask saves by: qft's fast mask is bool; torch's is in its input's dtype (fp32: peft upcasts
+    on CPU, and without autocast) or a CUDA bool mask."""
+    if p.fast_mask:
+        return "fast"
+    return "torch, cuda" if p.device == "cuda" and p.compute_bytes < 4 else "torch"
+
+
 def _mask_bytes(p: Resolved) -> int:
-    """Bytes a dropout mask keeps per element: qft's fast mask is bool; torch's is in its input's dtype (fp32:
-    peft upcasts on CPU, and without autocast) or a CUDA bool mask."""
-    return 1 if p.fast_mask or (p.device == "cuda" and p.compute_bytes < 4) else 4
+    """Bytes a dropout mask keeps per element."""
+    return saved.nbytes("dropout", _mask_setting(p), {"t": 1, "d_in": 1}, _DTYPES)
 
 
 def _layer_activations(p: Resolved, depth: int, grad_in: bool, b: int) -> tuple[dict, bool]:
     """Bytes one decoder layer saves for backward at micro-batch b, split into attn and mlp blocks, and
-    whether its output requires grad. Upstream of the first adapter nothing requires grad, so nothing is
-    saved there. Batches are assumed padded (the conservative side): with a padding mask SDPA gets k and v
-    repeated to every head and an additive mask copy; a batch of equal lengths has no mask, and then the
-    GQA kernel keeps k and v at the KV heads (SmolLM2 at b16 s64: 5% less); `padded=False` plans that."""
+    whether its output requires grad; each op's bytes are its row of qft.planning.saved. Upstream of the first
+    adapter nothing requires grad, so nothing is saved there. Batches are assumed padded (the conservative side):
+    with a padding mask SDPA gets k and v repeated to every head and an additive mask copy; a batch of equal
+    lengths has no mask, and then the GQA kernel keeps k and v at the KV heads (SmolLM2 at b16 s64: 5% less);
+    `padded=False` plans that."""
     sh, c, s = p.shape, p.compute_bytes, p.seq
     t = b * s
     autocast = c < 4
     q_dim = sh.heads * sh.head_dim
     kv_dim = q_dim if p.padded else sh.kv_heads * sh.head_dim  # a padding mask rules out the GQA kernels
-    mask_el = _mask_bytes(p)
     by_proj = {l.proj: l for l in p.projections if l.depth == depth}
     shared = set()  # without autocast or dropout, projections reading the same input save it once
     masked = set()  # with adapter.shared_dropout, the inputs whose one mask is already counted
     one_mask = p.dropout and p.shared_dropout
+
+    def backend(proj: str):
+        return quant.for_settings(p.quant[by_proj[proj].name])
+
+    def out_bytes(proj: str) -> int:  # bitsandbytes 4-bit returns its input's dtype (fp32 here)
+        return 4 if proj not in by_proj or backend(proj).output_in_input_dtype or not autocast else c
+
+    dtypes = {**_DTYPES, "compute": c, "attn": 4 if p.attention_fp32 else c, "gate": out_bytes("gate_proj"),
+              "up": out_bytes("up_proj")}
+    dims = {"t": t, "b": b, "s": s, "h": sh.hidden, "f": sh.intermediate, "q_dim": q_dim, "kv_dim": kv_dim,
+            "heads": sh.heads}
+
+    def keeps(op: str, setting: str, **more) -> int:
+        return saved.nbytes(op, setting, {**dims, **more}, dtypes)
+
+    def pinned_input(width: int, dtype: int) -> int:
+        return saved.nbytes("int8 matmul", "any", {**dims, "d_in": width}, {"input": dtype})
 
     def r_of(proj: str) -> int:
         return p.ranks.get(by_proj[proj].name, 0) if proj in by_proj else 0
@@ -252,62 +282,58 @@ def _layer_activations(p: Resolved, depth: int, grad_in: bool, b: int) -> tuple[
         r = r_of(proj)
         if not r:
             return 0
-        d_in, d_out = by_proj[proj].in_features, by_proj[proj].out_features
+        widths = {"d_in": by_proj[proj].in_features, "d_out": by_proj[proj].out_features, "r": r}
         sdpa_out = source == "o_in" and not p.dropout and (  # fp32 attention under autocast: LoRA casts a copy
             not autocast or p.device == "cuda" and not p.attention_fp32)
         if sdpa_out:  # o_proj's LoRA reads SDPA's output as is, which SDPA keeps anyway
-            keep = (c if autocast else 4) * r * t + (c * r * (d_in + d_out) if autocast else 0)
+            setting = "autocast, input in compute dtype" if autocast else "fp32, input saved elsewhere"
         elif autocast:  # a bf16 copy of the input per projection, the rank-r middle, the cached bf16 weights
-            keep = c * (d_in + r) * t + c * r * (d_in + d_out)
+            setting = "autocast"
         elif (p.dropout and not one_mask) or source not in shared:  # the dropped (or shared) input, the middle
-            keep = 4 * (d_in + r) * t
+            setting = "fp32"
             if not p.dropout or one_mask:
                 shared.add(source)
         else:
-            keep = 4 * r * t
-        mask = mask_el * d_in * t if p.dropout and g and not (one_mask and source in masked) else 0
+            setting = "fp32, input saved elsewhere"
+        keep = keeps("lora", setting, **widths)
+        mask = keeps("dropout", _mask_setting(p), **widths) \
+            if p.dropout and g and not (one_mask and source in masked) else 0
         if mask and one_mask:
             masked.add(source)
         return keep + mask
 
-    def backend(proj: str):
-        return quant.for_settings(p.quant[by_proj[proj].name])
-
-    def out_bytes(proj: str) -> int:  # bitsandbytes 4-bit returns its input's dtype (fp32 here)
-        return 4 if proj not in by_proj or backend(proj).output_in_input_dtype or not autocast else c
-
     def pins(*projs) -> bool:
         return any(x in by_proj and backend(x).pins_input for x in projs)
 
-    norm = (4 * sh.hidden + 4) * t  # RMSNorm keeps its fp32 input and the reciprocal rms
+    norm = keeps("rmsnorm", "any")  # RMSNorm keeps its fp32 input and the reciprocal rms
     attn = norm if grad_in else 0
     attn += sum(lora(x, grad_in, "attn_in") for x in ("q_proj", "k_proj", "v_proj"))
     g_qkv = grad_in or any(r_of(x) for x in ("q_proj", "k_proj", "v_proj"))
     if g_qkv:  # SDPA: q, k, v and the output, the fp32 log-sum-exp, and its own additive copy of the mask
-        a = 4 if p.attention_fp32 else c
-        attn += a * 2 * (q_dim + kv_dim) * t + 4 * sh.heads * t + (a * b * s * s if p.padded else 0)
+        attn += keeps("sdpa", "padded" if p.padded else "unpadded")
     attn += lora("o_proj", g_qkv, "o_in")
     # bitsandbytes' int8 matmul keeps its input on its autograd node itself (ctx.A), past saved-tensor
     # hooks and checkpointing: the fp32 norm output (shared by q, k, v). o_proj's input is SDPA's output
     # (its kernels write it heads-last, so the transpose back is a view), which SDPA keeps anyway.
     # (Without autocast and dropout the LoRA path keeps that very tensor: counted once.)
-    pinned = {"attn": 4 * sh.hidden * t if grad_in and pins("q_proj", "k_proj", "v_proj")
-              and "attn_in" not in shared else 0}
+    pinned = {"attn": pinned_input(sh.hidden, 4) if grad_in and pins(
+        "q_proj", "k_proj", "v_proj") and "attn_in" not in shared else 0}
     g_mid = g_qkv or r_of("o_proj") > 0
     mlp = norm if g_mid else 0
     mlp += lora("gate_proj", g_mid, "mlp_in") + lora("up_proj", g_mid, "mlp_in")
     g_gu = g_mid or r_of("gate_proj") > 0 or r_of("up_proj") > 0
     if g_gu:  # SwiGLU: silu's input and output, the up projection
-        mlp += sh.intermediate * (2 * out_bytes("gate_proj") + out_bytes("up_proj")) * t
+        mlp += keeps("swiglu", "any")
     mlp += lora("down_proj", g_gu, "down_in")
-    pinned["mlp"] = (4 * sh.hidden * t if g_mid and pins("gate_proj", "up_proj") and "mlp_in" not in shared else 0) \
-        + (max(out_bytes("gate_proj"), out_bytes("up_proj")) * sh.intermediate * t
+    pinned["mlp"] = (pinned_input(sh.hidden, 4)
+                     if g_mid and pins("gate_proj", "up_proj") and "mlp_in" not in shared else 0) \
+        + (pinned_input(sh.intermediate, max(dtypes["gate"], dtypes["up"]))
            if g_gu and pins("down_proj") and "down_in" not in shared else 0)
     return {"attn": attn, "mlp": mlp, "pinned.attn": pinned["attn"], "pinned.mlp": pinned["mlp"]}, \
         g_gu or r_of("down_proj") > 0
 
 
-def _layer_work(p: Resolved, depth: int, b: int, saved: int) -> int:
+def _layer_work(p: Resolved, depth: int, b: int, held: int) -> int:
     """Transient bytes beyond what is held across layers, while this layer runs (calibrated on this machine).
 
     Forward, at a stage's last layer with every earlier layer's activations held: the MLP product and
@@ -337,12 +363,12 @@ def _layer_work(p: Resolved, depth: int, b: int, saved: int) -> int:
         fwd += c * t * max([_group_width(p, depth, names) for names in L.Architecture().shared_input] + [0])
     backward = max(bwd, bwd_w)
     if p.checkpointing:
-        return int(max(saved + backward, fwd + fwd_w))
+        return int(max(held + backward, fwd + fwd_w))
     return int(max(fwd + fwd_w, backward))
 
 
 def _group_width(p: Resolved, depth: int, names: tuple) -> int:
-    """Output width of a group qft.fuse runs as one (all members present, of one backend that fuses), else 0."""
+    """Output width of a group qft.accel.fuse runs as one (all members present, of one backend that fuses), else 0."""
     members = [l for l in p.projections if l.depth == depth and l.proj in names]
     backends = {quant.for_settings(p.quant[l.name]).name for l in members}
     if len(members) != len(names) or len(backends) != 1 or not quant.BACKENDS[backends.pop()].fuses:
@@ -377,7 +403,7 @@ def layer_costs(cfg, micro_batch: int | None = None, *, resolved: Resolved | Non
     p = resolved or resolve(cfg)
     b = micro_batch or default_micro_batch(p)
     sh, c, t = p.shape, p.compute_bytes, b * p.seq
-    rotary = 2 * 4 * t * sh.head_dim  # cos and sin (fp32, like the embedding), saved by every layer's rotary
+    rotary = saved.nbytes("rotary", "any", {"t": t, "head_dim": sh.head_dim}, _DTYPES)  # once for every layer
     out = [LayerCost("embed", p.embed_bytes, rotary, 0, {"frozen.other": p.embed_bytes, "act.rotary": rotary})]
     grad = False  # does the hidden state entering this layer require grad?
     per_depth: dict[int, list] = {}
@@ -400,9 +426,8 @@ def layer_costs(cfg, micro_batch: int | None = None, *, resolved: Resolved | Non
             numels += [r * l.in_features, l.out_features * r] if r else []
         params = sum(numels)
         act, grad_out = _layer_activations(p, depth, grad, b)
-        saved = act["attn"] + act["mlp"]
         runs_backward = grad or params > 0
-        work = _layer_work(p, depth, b, saved) if runs_backward else 0
+        work = _layer_work(p, depth, b, act["attn"] + act["mlp"]) if runs_backward else 0
         pinned = act["pinned.attn"] + act["pinned.mlp"]
         if p.checkpointing and runs_backward:  # the layer input (fp32) to recompute the layer from, and
             held = {"act.inputs": 4 * sh.hidden * t, "act.int8_inputs": pinned}  # what bitsandbytes int8 keeps
@@ -418,8 +443,12 @@ def layer_costs(cfg, micro_batch: int | None = None, *, resolved: Resolved | Non
     # logits only at the k+1 answer positions, of which the fp32 log-softmax of the n answer rows is kept.
     V, k = sh.vocab, p.answer
     n = b * k if p.answer_rows is None else -(-p.answer_rows * b // p.batch)
-    head_cast = c * V * sh.hidden if c < 4 else 0  # with fused projections it is made once and kept (qft.fuse)
-    head_act = ((4 * sh.hidden + 4) * t + 4 * n * V + (0 if p.fused else head_cast)) if grad else 0
+    dims, dtypes = {"t": t, "h": sh.hidden, "n": n, "V": V}, {**_DTYPES, "compute": c}
+    # under autocast the head keeps its weight's cast; with fused projections made once and kept (qft.accel.fuse)
+    head_cast = saved.nbytes("lm_head", "autocast", dims, dtypes) if c < 4 else 0
+    head_setting = "fp32" if c == 4 else "autocast, fuse_projections" if p.fused else "autocast"
+    head_act = sum(saved.nbytes(op, setting, dims, dtypes) for op, setting in (
+        ("rmsnorm", "any"), ("lm_head", head_setting), ("cross_entropy", "any"))) if grad else 0
     # forward: the logits, their fp32 upcast (autocast) while the n answer rows are picked from it, then
     # those rows while their log-softmax is computed; backward: two n x V fp32 gradients, log-softmax held
     logits = c * b * (k + 1) * V

@@ -1,7 +1,7 @@
 """Quantization backends: one class per kind of frozen projection, found by its settings or by its module.
 
 Every place that used to ask "is this 4-bit?" (building, caching, describing, counting bytes, the memory model,
-qft.fuse) asks the backend instead, so a new kind is one file: a subclass of `Backend` in qft/quant/ (imported
+qft.accel.fuse) asks the backend instead, so a new kind is one file: a subclass of `Backend` in qft/quant/ (imported
 with the package) or anywhere else, then `register(...)`.
 """
 
@@ -24,7 +24,7 @@ class Backend:
     output_in_input_dtype = False  # under autocast its output keeps its input's dtype (fp32 residual stream)
     pins_input = False  # its matmul keeps its input on its own autograd node, past checkpointing
     holds_dequantized = False  # accel.cache_dequantized applies to it
-    fuses = False  # qft.fuse can run a group of its projections as one (see fuse_kind)
+    fuses = False  # qft.accel.fuse can run a group of its projections as one (see fuse_kind)
 
     def quantize(self, linear: nn.Linear, s: dict, compute_dtype: torch.dtype, device) -> nn.Module:
         raise NotImplementedError
@@ -70,7 +70,7 @@ class Backend:
         """Transient bytes of one call on an n-weight projection, forward and backward (a dequantized copy)."""
         return 0, 0
 
-    # qft.fuse: "stored" runs a group on one concatenated weight tensor (each member's weight a view of it);
+    # qft.accel.fuse: "stored" runs a group on one concatenated weight tensor (each member's weight a view of it);
     # "computed" makes the group's weight per use with `fused_weight`; None runs the module on its own.
     def fuse_kind(self, q: nn.Module) -> str | None:
         return None

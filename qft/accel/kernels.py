@@ -1,7 +1,7 @@
 """Compiled loops (numba) for the memory-bound work around each LoRA projection: one pass where torch's ops make
 several, the same bits.
 
-The fast dropout mask (`train.compiled_masks`): one pass over the input where torch's ops make five, and its random
+The fast dropout mask (`accel.compiled_masks`): one pass over the input where torch's ops make five, and its random
 bits drawn from torch's own generator, the same draws, tempered on every thread where torch's kernel runs on one.
 
 Under bf16 autocast, `adapter.FastDropout` compares 16-bit random lanes with its threshold, casts the 1-byte mask to
@@ -12,7 +12,7 @@ Each loop here computes the same IEEE operations in the same order, (keep * x) *
 nearest even with integer arithmetic as torch's vectorized cast rounds (a NaN written as it writes one, 0xFFFF), so
 the values, the kept mask and the gradient are the same bits (tests/test_kernels.py); no fast-math, no contraction.
 
-LoRA's sum (`train.compiled_sums`): a projection's output is its frozen output, cast back to the fp32 residual
+LoRA's sum (`accel.compiled_sums`): a projection's output is its frozen output, cast back to the fp32 residual
 stream, plus its LoRA output scaled in the LoRA dtype (bf16 under autocast: `B(A(x)) * scaling`, rounded) and widened:
 three passes forward (cast, multiply, add), and three backward (the gradient cast to bf16 for the LoRA branch, the
 multiply, and the same cast again for the frozen matmul's backward). `lora_sum` reads the frozen output where the

@@ -16,9 +16,9 @@ loss has not been measured.
 The LoRA A matrices stay one matmul per projection: at rank 8 the output is narrowest and the kernel choice most
 likely to change with width, and one matmul for the group saved only an input cast in evaluation.
 Every other projection with an adapter (o, down) runs as a group of one, for the same path: bitsandbytes' layer and
-peft's defensive copy of its output skipped, and with `train.compiled_sums` (`_Sum`, qft.kernels) each member's
+peft's defensive copy of its output skipped, and with `accel.compiled_sums` (`_Sum`, qft.accel.kernels) each member's
 output, frozen slice plus scaled LoRA output, made in one compiled pass forward and one backward.
-With `train.split_rows` a training step's frozen matmuls run as two blocks of rows where, on this machine and shape,
+With `accel.split_rows` a training step's frozen matmuls run as two blocks of rows where, on this machine and shape,
 that gives the same bits and is faster (`_linear`): oneDNN runs some bf16 matmuls on one thread.
 
 The live model keeps peft's own per-projection modules (and so stock adapters, `merge_and_unload`, the bnb LoRA
@@ -39,7 +39,7 @@ from torch.autograd.function import once_differentiable
 
 from qft import layers as L
 from qft import quant
-from qft.model import same_bits, spread
+from qft.accel.probe import same_bits, spread
 
 
 class _Member(torch.autograd.Function):
@@ -69,13 +69,13 @@ class _Member(torch.autograd.Function):
 
 class _Sum(torch.autograd.Function):
     """A member's output, its frozen slice cast to fp32 plus its LoRA output times the scaling in the LoRA dtype,
-    in one compiled pass forward and one backward (`train.compiled_sums`, qft.kernels): the same bits as peft's
+    in one compiled pass forward and one backward (`accel.compiled_sums`, qft.accel.kernels): the same bits as peft's
     `result + lora_B(...) * scaling`. It stands where that sum's add node stood, after the LoRA nodes and before
     the next member's, so autograd runs the nodes, and sums the input's gradient, in the same order."""
 
     @staticmethod
     def forward(ctx, stand_in, h, y, lo, scale, frozen_dtype, out_dtype, box):
-        from qft import kernels
+        from qft.accel import kernels
 
         ctx.scale, ctx.frozen_dtype, ctx.h_dtype, ctx.box = scale, frozen_dtype, h.dtype, box
         return kernels.lora_sum(y, lo, h, scale, out_dtype)
@@ -84,7 +84,7 @@ class _Sum(torch.autograd.Function):
     @once_differentiable  # the loops make no graph: a second derivative raises instead of coming out wrong
     def backward(ctx, grad):
         if ctx.frozen_dtype == ctx.h_dtype == torch.bfloat16 and grad.dtype == torch.float32:
-            from qft import kernels
+            from qft.accel import kernels
 
             frozen, lora = kernels.lora_sum_grad(grad.contiguous(), ctx.scale)
         else:  # an fp32 or a bf16 sum: the same ops as peft's nodes, one pass either way
@@ -243,7 +243,7 @@ _HALVES: dict[tuple, bool | None] = {}  # per shape: None seen once, then whethe
 
 
 def _linear(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, split: bool) -> torch.Tensor:
-    """F.linear(a, w, bias); with `split` (`train.split_rows`, CPU), as two blocks of a's rows where that gives the
+    """F.linear(a, w, bias); with `split` (`accel.split_rows`, CPU), as two blocks of a's rows where that gives the
     same bits and is faster: oneDNN runs some bf16 matmuls on one thread, and each half on every thread
     (benchmarks/README.md). Decided at a shape's second call, so that a one-off shape (a short batch) costs nothing."""
     cpu = a.device.type
@@ -349,11 +349,12 @@ def install(model: nn.Module, projections: list[L.Layer], model_type: str) -> li
 
 
 def compile_sums(model: nn.Module) -> list[Group]:
-    """Sum each fused member's frozen and LoRA outputs in one compiled pass (`train.compiled_sums`, qft.kernels): the
-    same bits in fewer passes. Compiles (or loads numba's cached build) here, before any step, keeping torch's
-    thread count. Returns the groups; none where numba is not installed, and torch's ops run as without."""
+    """Sum each fused member's frozen and LoRA outputs in one compiled pass (`accel.compiled_sums`,
+    qft.accel.kernels): the same bits in fewer passes. Compiles (or loads numba's cached build) here, before any
+    step, keeping torch's thread count.
+    Returns the groups; none where numba is not installed, and torch's ops run as without."""
     try:
-        from qft import kernels
+        from qft.accel import kernels
     except ImportError:  # numba is not installed
         return []
     groups = _switched(model, "compiled")
@@ -364,7 +365,7 @@ def compile_sums(model: nn.Module) -> list[Group]:
 
 def split_rows(model: nn.Module) -> list[Group]:
     """Let a training step's frozen matmuls run as two blocks of rows where that gives the same bits and is faster
-    (`train.split_rows`, `_linear`). Returns the groups."""
+    (`accel.split_rows`, `_linear`). Returns the groups."""
     return _switched(model, "split_rows")
 
 
