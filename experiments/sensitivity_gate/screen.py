@@ -35,14 +35,10 @@ def candidate_of(rec: dict, candidates: list) -> str | None:
     return None
 
 
-def cut(top: tuple, low: tuple, level: float = 0.90) -> dict:
-    """top - low in accuracy over the documents both scored: mean, paired-t interval, discordant share."""
-    (ids_t, ok_t), (ids_l, ok_l) = top, low
-    common, it, il = np.intersect1d(ids_t, ids_l, return_indices=True)
-    if len(common) != len(ids_t) or len(common) != len(ids_l):
-        raise ValueError(f"the pair scored different test documents ({len(ids_t)} and {len(ids_l)}, "
-                         f"{len(common)} shared)")
-    d = ok_t[it].astype(float) - ok_l[il].astype(float)
+def cut(top, low, level: float = 0.90) -> dict:
+    """top - low in accuracy over the documents both cells scored: mean, paired-t interval, discordant share."""
+    a, b, _ = aligned([(top, low)])
+    d = a[0] - b[0]
     if not d.any():
         return {"diff": 0.0, "lo": 0.0, "hi": 0.0, "n": len(d), "discordant": 0.0}
     ci = stats.ttest_1samp(d, 0.0).confidence_interval(level)
@@ -80,7 +76,7 @@ def main(argv: list[str]) -> int:
                     print(f"| {c['name']} | {top} -> 1 | {seed} | | | cells ran on different kinds: "
                           f"{' / '.join(map(str, kinds))}; not a pair | | | | | |")
                     continue
-                r = cut(hi[1][:2], lo[1][:2])
+                r = cut(hi, lo)
                 sizes = hi[0]["data"]["sizes"]
                 passed = r["diff"] >= rule["cut_at_least"] and r["lo"] > rule["lower_90_above"]
                 curve = " / ".join(" ".join(f"{v:.3f}" for _, v in (cell[0].get("val_curve") or [])) for cell in (hi, lo))
@@ -93,15 +89,15 @@ def main(argv: list[str]) -> int:
 
 
 def aligned(pairs: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(seeds x documents) correctness of the top and rank-1 cells over the documents every run scored, and the gold
-    labels; refuses pairs whose runs scored different test documents (the amendment varies split_seed only where
-    the test documents stay the same)."""
+    """(seeds x documents) correctness of the top and rank-1 cells of each pair, documents in id order, and the gold
+    labels; refuses runs that scored different test documents (the amendment varies split_seed only where the test
+    documents stay the same)."""
     ids = [np.asarray(x[1][0]) for pair in pairs for x in pair]
     common = ids[0]
     for i in ids[1:]:
         common = np.intersect1d(common, i)
     if any(len(i) != len(common) for i in ids):
-        raise ValueError(f"the confirmation's runs scored different test documents ({sorted({len(i) for i in ids})}, "
+        raise ValueError(f"the runs scored different test documents ({sorted({len(i) for i in ids})}, "
                          f"{len(common)} shared)")
     rows = []
     for pair in pairs:
