@@ -57,6 +57,7 @@ CONFIGS = {
 def compose(overrides: list[str]):
     from hydra import compose as hydra_compose, initialize_config_dir
 
+    from qft import schema
     from qft.config import CONF
 
     with initialize_config_dir(CONF, version_base="1.3"):
@@ -64,8 +65,8 @@ def compose(overrides: list[str]):
             ["adapter.dropout_mask=torch"]  # what the stored measurements ran with, before the fast mask existed
         if not any(o.startswith("accel.fuse_projections=") for o in overrides):
             mask.append("accel.fuse_projections=false")  # and before fused projections
-        return hydra_compose("config", overrides=TRAIN + [f"device={os.environ.get('QFT_BENCH_DEVICE', 'cpu')}"]
-                             + mask + overrides)
+        return schema.complete(hydra_compose(
+            "config", overrides=TRAIN + [f"device={os.environ.get('QFT_BENCH_DEVICE', 'cpu')}"] + mask + overrides))
 
 
 def first_batch(cfg, source):

@@ -45,8 +45,10 @@ def compose(a):
 
     from qft.config import CONF
 
+    from qft import schema
+
     with initialize_config_dir(CONF, version_base="1.3"):
-        return hydra_compose("config", overrides=overrides(a))
+        return schema.complete(hydra_compose("config", overrides=overrides(a)))
 
 
 class _Started(Exception):

@@ -75,7 +75,7 @@ def _tree() -> tuple[dict[str, frozenset], dict[str, list[str]]]:
         preset = f"{'+' if group == ('experiment',) else ''}{'/'.join(group)}={f.stem}" if group else "config.yaml"
         content = yaml.safe_load(text) or {}
         extends = [d for d in content.get("defaults") or [] if isinstance(d, str)]
-        own = {s: c for s, c in schema.GROUPS.get("/".join(group), {}).items() if s in extends}
+        own = {s: c for s, c in schema.shapes("/".join(group)).items() if s in extends}
         for cls in own.values():  # a preset extending a schema declares the schema's keys
             content = {**{k.path: k.default for k in schema.keys_of(cls, "")}, **content}
         nodes.append((preset, path, content))
@@ -120,8 +120,9 @@ def chosen(overrides, config_name: str = "config") -> dict[str, frozenset] | Non
     if not appended:
         return None
     kept = [o.input_line for o in parsed if o.key_or_group not in appended]  # and what later changes or deletes them
-    try:
-        base = OmegaConf.to_container(loader.load_configuration(config_name, kept, RunMode.RUN), resolve=False)
+    try:  # completed, as the run completes its own config
+        base = OmegaConf.to_container(schema.complete(loader.load_configuration(config_name, kept, RunMode.RUN)),
+                                      resolve=False)
     except Exception:  # noqa: BLE001 - what they leave does not compose alone: the check over every preset stands
         return None
     keys = _walk([("chosen", (), base)])[0]
@@ -201,7 +202,8 @@ def device(cfg, planning: bool = False) -> str:
 
 
 def compose(argv, prog: str, doc: str = ""):
-    """The config a CLI's Hydra overrides compose to, or None once Hydra's error is printed as one line.
+    """The config a CLI's Hydra overrides compose to, completed (qft.schema.complete), or None once Hydra's error is
+    printed as one line.
 
     `-h`/`--help` prints the usage and `doc` and exits 0: Hydra's override parser would read it as a bad override."""
     import sys
@@ -225,4 +227,4 @@ def compose(argv, prog: str, doc: str = ""):
         except QftError as e:
             print(f"{prog}: error: {e}", file=sys.stderr)
             return None
-    return cfg
+    return schema.complete(cfg)

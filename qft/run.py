@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from qft import (accel, adapter, budget, data, evaluate, layers, logger, model, pipeline, quant, record, train,
-                 validate)
+from qft import (accel, adapter, budget, data, evaluate, layers, logger, model, pipeline, quant, record, schema,
+                 train, validate)
 from qft.planning import stages
 from qft.errors import QftError
 
@@ -50,6 +50,7 @@ def run(cfg, run_dir: Path, keys=None) -> dict:
 
 def _run(cfg, run_dir: Path, keys) -> dict:
     started = time.time()
+    schema.complete(cfg)  # the keys its presets leave out, at their defaults: the record holds every key
     _name_auto_dtype(cfg)
     previous = record.read(run_dir)
     rec = {"schema": record.SCHEMA, "status": "running", "config": record.resolved(cfg), "seed": cfg.seed,

@@ -6,7 +6,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from qft import model, run
+from qft import model, run, schema
 from qft.config import CONF
 
 # `make test` spreads the suite over pytest-xdist workers, one per core: each computes on one thread (its runs'
@@ -30,8 +30,10 @@ def spread_lora_b(net) -> None:
 
 
 def make_cfg(*overrides, tiny=True):
+    """The config as a run reads it: composed, then completed (qft.schema.complete)."""
     with initialize_config_dir(CONF, version_base="1.3"):
-        return compose("config", overrides=(["model=tiny_llama", "device=cpu"] if tiny else []) + list(overrides))
+        return schema.complete(compose("config", overrides=(["model=tiny_llama", "device=cpu"] if tiny else [])
+                                       + list(overrides)))
 
 
 def build(*overrides):

@@ -14,7 +14,7 @@ import yaml
 
 from qft import config, record, schema
 from qft.errors import QftError
-from qft.schema.spec import Int, key
+from qft.schema.spec import NONE, Int, key
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -101,7 +101,7 @@ def test_sweep_directory_names_leave_out_what_the_hash_does():
                                                        p.split(".")[0] in hashed_out}
     with initialize_config_dir(config.CONF, version_base="1.3"):
         cfg = compose("config", return_hydra_config=True, overrides=[
-            "adapter.attn.r=2", "train.eval_every=3", "offload.prefetch=false", "sweep.force=true", "train.lr=0.01"])
+            "adapter.attn.r=2", "train.eval_every=3", "offload.device_budget_gb=4", "sweep.force=true", "train.lr=0.01"])
     assert cfg.hydra.job.override_dirname == "adapter.attn.r=2,train.lr=0.01"
 
 
@@ -135,7 +135,8 @@ def test_every_committed_record_loads_with_every_key_of_its_sections():
 
 def test_each_preset_extends_its_schema_and_repeats_no_default():
     """A preset names its group's schema (or another preset) first and sets only what differs from the schema."""
-    for group, schemas in schema.GROUPS.items():
+    for group in schema.GROUPS:
+        schemas = schema.shapes(group)
         for f in sorted((Path(config.CONF) / group).glob("*.yaml")):
             content = yaml.safe_load(f.read_text()) or {}
             extends = [d for d in content.get("defaults") or [] if isinstance(d, str) and d != "_self_"]
@@ -201,12 +202,12 @@ def test_a_bad_value_gets_the_declared_check():
 
     from qft import validate
 
-    for override, line in [("train.zero_shot=no", "train.zero_shot='no': true or false"),
-                           ("offload.schedule=zb", "offload.schedule='zb': allowed: gpipe, 1f1b"),
-                           ("train.stop_after_steps=0", "train.stop_after_steps=0: an integer >= 1, or null"),
-                           ("quant.attention_dtype=fp16", "quant.attention_dtype='fp16': allowed: compute, fp32")]:
+    for overrides, line in [(["train.zero_shot=no"], "train.zero_shot='no': true or false"),
+                            (["offload=pipeline", "offload.schedule=zb"], "offload.schedule='zb': allowed: gpipe, 1f1b"),
+                            (["train.stop_after_steps=0"], "train.stop_after_steps=0: an integer >= 1, or null"),
+                            (["quant.attention_dtype=fp16"], "quant.attention_dtype='fp16': allowed: compute, fp32")]:
         with pytest.raises(QftError) as e:
-            validate.validate(make_cfg(override))
+            validate.validate(make_cfg(*overrides))
         assert str(e.value) == line
 
 
@@ -224,3 +225,79 @@ def test_the_readme_lists_every_group_its_presets_and_default():
         assert default == f"`{chosen[group]}`", group
         for name in re.findall(r"`([a-z]+_[a-z_]+)`", what):  # keys the row names are keys of the group
             assert name in config.declared()[group], (group, name)
+
+
+
+def _leaves(node, path: str = "") -> list[str]:
+    """Dotted paths of a config's leaves: every value that is no map, and every empty map."""
+    if isinstance(node, dict) and node:
+        return [leaf for k, v in node.items() for leaf in _leaves(v, f"{path}.{k}" if path else k)]
+    return [path]
+
+
+_ABSENT = object()
+
+
+def _at(conf: dict, path: str):
+    for part in path.split("."):
+        if not isinstance(conf, dict) or part not in conf:
+            return _ABSENT
+        conf = conf[part]
+    return conf
+
+
+def _hydra_cfg(*overrides):
+    """The config as Hydra composes it (what `python -m qft --cfg job` prints), before a run completes it."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config.CONF, version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+def test_the_default_config_has_at_most_60_leaf_keys_outside_the_speed_switches():
+    from omegaconf import OmegaConf
+
+    switches = {p for p, k in schema.keys().items() if p.startswith("accel.") and k.cpu is not NONE}
+    assert len(switches) == 8  # the accel choice's expert overrides: each null, the mode's value
+    leaves = [p for p in _leaves(OmegaConf.to_container(_hydra_cfg())) if p not in switches]
+    assert len(leaves) <= 60, sorted(leaves)
+    assert not {"budget", "logger", "experiment"} & {p.split(".")[0] for p in leaves}
+
+
+@pytest.mark.parametrize("overrides", [[], ["offload=activations"], ["data=reuters_r8", "adapter=deep2"],
+                                       ["budget=uniform", "budget.params=20000"], ["+experiment=smoke"]])
+def test_a_run_completes_the_config_with_every_key_its_presets_leave_out(overrides):
+    """The keys a narrower shape (offload=none, a packaged dataset, adapter and quant without maps) or an absent
+    section (budget=none, logger=none) leaves out are filled at their defaults: a run and its record see every key,
+    and the hash is the one a config holding them all had."""
+    from omegaconf import OmegaConf
+
+    composed = OmegaConf.to_container(_hydra_cfg(*overrides))
+    done = OmegaConf.to_container(schema.complete(_hydra_cfg(*overrides)))
+    filled = set(_leaves(done)) - set(_leaves(composed))
+    single = [s for s, c in schema.sections().items() if len(c) == 1 and s != "evaluate"]
+    wanted = {p for p in schema.keys() if p.split(".")[0] in single or "." not in p} | {"logger.kind"}
+    assert {p for p in wanted if _at(done, p) is _ABSENT} == set() and filled <= wanted
+    for path in filled:  # each at its declared default, the rest as composed
+        assert _at(done, path) == schema.keys()[path].default, path
+    if not overrides:  # the default config: every key the presets leave out, and the hash as every record holds it
+        assert sorted(filled) == sorted(
+            ["experiment", "data.path", "data.text_column", "data.label_column", "quant.projections",
+             "quant.depth_groups", "adapter.projections", "adapter.depth_groups", "offload.stages", "offload.schedule",
+             "offload.micro_batches", "offload.split", "offload.offload_stages", "offload.route", "offload.prefetch",
+             "logger.kind", *(f"budget.{k}" for k in ("params", "split", "shares", "tolerance", "grid", "method",
+                                                      "records", "records_data", "max_rank", "bits_records"))])
+        resolved = OmegaConf.to_container(schema.complete(_hydra_cfg()), resolve=True)
+        assert record.config_hash(resolved, inputs_={}) == \
+            "0925cf61ceabad70330d776e51cc6a6d9c2e7079dbc3f52da16282d1d50e7de3"  # the default config's, as before
+
+
+def test_a_key_the_chosen_shape_lacks_fails_with_one_line_naming_the_preset(tmp_path):
+    for override, line in [("offload.stages=2", "offload.stages: not a key of the chosen presets; it is one of "
+                                                 "offload=pipeline"),
+                           ("data.path=x.csv", "data.path: not a key of the chosen presets; it is one of data=alpaca, "
+                                               "data=local, data=paper_alpaca")]:
+        res = subprocess.run([sys.executable, "-m", "qft", "model=tiny_llama", override, f"hydra.run.dir={tmp_path}"],
+                             cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert (res.returncode, res.stderr.strip().splitlines()) == (2, [f"qft: error: {line}"])
+        assert not (tmp_path / "result.json").exists()

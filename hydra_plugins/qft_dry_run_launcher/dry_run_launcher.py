@@ -80,7 +80,7 @@ class DryRunLauncher(Launcher):
             config.hydra.sweep.dir = self.scratch
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        from qft import config, model
+        from qft import config, model, schema
         from qft.tools import memory
         from qft.errors import QftError
 
@@ -101,6 +101,7 @@ class DryRunLauncher(Launcher):
                 cfg = copy.deepcopy(sweep_config)
                 with read_write(cfg), open_dict(cfg):
                     del cfg["hydra"]
+                    schema.complete(cfg)  # as the job's run completes it
                 result: dict = {"job": idx, "overrides": list(filter_overrides(overrides))}
                 try:
                     note = ""

@@ -1,7 +1,13 @@
 """`python -m qft.budget`: a budget's per-rank costs, the allocations on the rank grid, and with
-budget.method=fitted the fit and its proposal; a bad setting is one `qft.budget: error:` line and exit 2."""
+budget.method=fitted the fit and its proposal; a bad setting is one `qft.budget: error:` line and exit 2.
+
+It chooses budget=shares unless the overrides choose a budget preset (budget=uniform, budget=fitted):
+    python -m qft.budget model=llama2_7b budget.params=4e6
+"""
 
 from __future__ import annotations
+
+import sys
 
 from qft.budget.bits import bits_records
 from qft.budget.costs import allocations, cost_per_rank, meta_layers
@@ -13,6 +19,9 @@ from qft.errors import QftError, fail
 def main(argv=None) -> int:
     from qft import config, model
 
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not any(a.split("=")[0] in ("budget", "+budget") for a in argv):
+        argv.insert(0, "budget=shares")  # a budget tool without a budget preset: the default method's
     cfg = config.compose(argv, "qft.budget", __doc__)
     if cfg is None:
         return 2

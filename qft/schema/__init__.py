@@ -1,6 +1,11 @@
 """The config schema (qft.schema.groups) and what is derived from it: Hydra's group schemas, the value checks, the
 config hash's exclusions and older records' meanings, the sweep directory's excluded keys and the declared keys.
 
+A composed config holds only its presets' keys (a narrower shape leaves some out, budget=none and logger=none the whole
+section); `complete` fills every other declared key at its default, once, before a run or a tool reads the config, so
+code reads every key and a record holds each at the value the run used. `loaded` does the same for an older record,
+at the value it meant.
+
 Nothing here imports a config group's module, so every module can import it.
 """
 
@@ -26,9 +31,10 @@ GROUPS = {
     "offload": {"_schema": G.Offload},
     "accel": {"_schema": G.Accel},
     "evaluate": {"_mmlu": G.Evaluate},
+    "budget": {"_schema": G.Budget},
 }
 # the top level's own keys and sections (conf/config.yaml extends them as `_top`)
-TOP = {"": G.Top, "budget": G.Budget, "sweep": G.Sweep}
+TOP = {"": G.Top, "sweep": G.Sweep}
 # keys only presets add: an experiment's sweep grid (conf/experiment/_sweep.yaml), outside the hash
 PRESET_ONLY = {"grid": "the values an experiment sweeps, by axis (conf/experiment/_sweep.yaml): open map"}
 # keys older records hold under another name, outside the hash as they were: never read, never set
@@ -45,19 +51,30 @@ OPEN = ("model.arch", "data.label_words", "adapter.projections", "adapter.depth_
 ORDERED = (("adapter", "depth_groups"), ("quant", "depth_groups"))
 
 
-def _any_typed(cls):
+def _any_typed(cls, typed=Any, leave_out: tuple = ()):
     """The class as Hydra is given it: every field typed Any, so a value stays as written and qft's own check
-    names what is wrong with it (OmegaConf would turn `no` into false and refuse 2.5 in its own words)."""
-    fields = [(f.name, Any, dataclasses.field(default=f.default, metadata=f.metadata)
+    names what is wrong with it (OmegaConf would turn `no` into false and refuse 2.5 in its own words); with
+    `typed=None` the fields keep their types. `leave_out`: the fields a narrower shape lacks."""
+    fields = [(f.name, f.type if typed is None else typed, dataclasses.field(default=f.default, metadata=f.metadata)
                if f.default is not dataclasses.MISSING else
                dataclasses.field(default_factory=f.default_factory, metadata=f.metadata))
-              for f in dataclasses.fields(cls)]
+              for f in dataclasses.fields(cls) if f.name not in leave_out]
     return dataclasses.make_dataclass(cls.__name__, fields)
 
 
+@functools.cache
+def shapes(group: str) -> dict:
+    """The schemas a group's presets extend, by name: its classes, and each class's narrower SHAPES."""
+    out = dict(GROUPS.get(group, {}))
+    for cls in GROUPS.get(group, {}).values():
+        out.update({name: _any_typed(cls, None, left) for name, left in getattr(cls, "SHAPES", {}).items()})
+    return out
+
+
 def top_defaults() -> dict:
-    """The top level's keys and sections at their defaults, as conf/config.yaml extends them."""
-    out = {k.path: k.default for k in keys_of(G.Top, "")}
+    """The top level's keys and sections at their defaults, as conf/config.yaml extends them (less what Top's
+    shape leaves out)."""
+    out = {k.path: k.default for k in keys_of(G.Top, "") if k.path not in G.Top.SHAPES["_top"]}
     for section, cls in TOP.items():
         if section:
             out[section] = {k.path.split(".")[-1]: k.default for k in keys_of(cls, f"{section}.")}
@@ -69,8 +86,8 @@ def register() -> None:
     from hydra.core.config_store import ConfigStore
 
     cs = ConfigStore.instance()
-    for group, schemas in GROUPS.items():
-        for name, cls in schemas.items():
+    for group in GROUPS:
+        for name, cls in shapes(group).items():
             cs.store(group=group, name=name, node=_any_typed(cls), provider="qft")
     cs.store(name="_top", node=top_defaults(), provider="qft")
 
@@ -185,6 +202,33 @@ def loaded(config: dict) -> dict:
         if isinstance(node, dict) and name not in node:
             node[name] = copy.deepcopy(k.before)
     return conf
+
+
+def complete(cfg):
+    """A composed config as a run reads it, completed in place and returned: each key of the top, of a section with
+    one schema class (its presets' shape may be narrower) and of an absent section (budget=none, logger=none: its
+    first class) that it lacks, at its declared default. An absent OPTIONAL section (evaluate=none) stays absent.
+    The one place a live config gets the keys its presets leave out: the run, the CLIs' compose and Hydra's
+    dry run call it before they read the config."""
+    from omegaconf import open_dict
+
+    def fill(node, cls) -> None:
+        with open_dict(node):
+            for k in keys_of(cls, ""):
+                if k.path not in node:
+                    node[k.path] = copy.deepcopy(k.default)
+
+    fill(cfg, G.Top)
+    for section, classes in sections().items():
+        if section not in cfg:
+            if getattr(classes[0], "OPTIONAL", False):
+                continue
+            with open_dict(cfg):
+                cfg[section] = {}
+        elif len(classes) > 1:  # a model's or logger's shape is its preset's own
+            continue
+        fill(cfg[section], classes[0])
+    return cfg
 
 
 def cpu_only(section: str) -> tuple:

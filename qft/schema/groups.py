@@ -3,6 +3,10 @@ a CPU run reads it, and what an older record that lacks it meant (spec.key). Hyd
 of conf/'s groups (qft.schema registers them); a group's YAML presets extend them and set only what differs.
 
 Adding a key: one `key(...)` line in its group's class (docs/extending.md).
+
+A class's `SHAPES` name the narrower schemas its presets may extend instead, each by the keys it leaves out (a packaged
+dataset has no file columns, offload=none no pipeline): those keys are absent from the composed config, and a run
+fills each at its default before it reads the config (qft.schema.complete), so its record holds every key.
 """
 
 from __future__ import annotations
@@ -71,6 +75,7 @@ class Random(Model):
 
 @dataclass
 class Data:
+    SHAPES: ClassVar[dict] = {"_packaged": ("path", "text_column", "label_column")}  # only a local file has them
     source: str = key("bbc_news", "the dataset: a packaged one (qft.data.SOURCES) or local (data.path)")
     task: str = key("classification", "classification (score the label words) or instruction (exact match)",
                     Choice(("classification", "instruction")))
@@ -97,6 +102,7 @@ class Data:
 
 @dataclass
 class Quant:
+    SHAPES: ClassVar[dict] = {"_types": ("projections", "depth_groups")}  # appended with + where a run sets them
     compute_dtype: str = key("auto", "auto (bf16 where the hardware has it, else fp32), bf16 or fp32 (fp16 refused)",
                              Choice(("bf16", "fp16", "fp32", "auto")))
     attention_dtype: str = key("compute", "compute (SDPA in the compute dtype) or fp32 (other rounding: hashed)",
@@ -111,6 +117,7 @@ class Quant:
 
 @dataclass
 class Adapter:
+    SHAPES: ClassVar[dict] = {"_types": ("projections", "depth_groups")}  # appended with + where a run sets them
     attn: dict = key({"r": 8, "alpha": 16}, "the attention projections' LoRA rank and alpha", of=LoraSettings)
     mlp: dict = key({"r": 8, "alpha": 16}, "the MLP projections' LoRA rank and alpha", of=LoraSettings)
     projections: dict = key({}, "per-projection settings over the layer type's (q_proj, ..., down_proj): open map")
@@ -198,6 +205,10 @@ class MLflow(Logger):
 @dataclass
 class Offload:
     HASHED: ClassVar[bool] = False  # tested to give the same losses and gradients as a run without it
+    # offload=none and offload=activations leave out the pipeline's keys (none the activation route's too)
+    SHAPES: ClassVar[dict] = {"_none": ("stages", "schedule", "micro_batches", "split", "offload_stages", "route",
+                                        "prefetch"),
+                              "_activations": ("stages", "schedule", "micro_batches", "split", "offload_stages")}
     mode: str = key("none", "none; activations (saved activations to host memory); pipeline (stages processes)",
                     Choice(("none", "activations", "pipeline")))
     stages: int = key(1, "pipeline stages, one process each (1 unless mode=pipeline)", Int(1))
@@ -205,7 +216,7 @@ class Offload:
     micro_batches: int = key(4, "micro-batches per step in the pipeline (train.batch_size must divide by it)", Int(1))
     split: str | list = key("memory", "memory (balance per-stage peak) | uniform (equal layer counts) | [b1, b2, ...]",
                             WordsOrInts(("memory", "uniform"), "stage boundaries (layer indices)"))
-    device_budget_gb: float | None = key(None, "the per-device memory budget the planner must fit (null: no limit)",
+    device_budget_gb: float | None = key(None, "the per-device memory budget the planner and qft.tools.memory fit",
                                          Num(above=0, null=True, what="a number of GiB > 0, or null"))
     offload_stages: str | list = key("auto", "pipeline: auto (the planner picks) | [stage, ...] offloading to host",
                                      WordsOrInts(("auto",), "stage indices"))
@@ -216,6 +227,7 @@ class Offload:
 
 @dataclass
 class Evaluate:
+    OPTIONAL: ClassVar[bool] = True  # evaluate=none: no section at all, in the config and its record
     benchmark: str = key("mmlu", "the benchmark after training", Choice(("mmlu",)))
     path: str = key("${oc.env:QFT_MMLU_DIR,/data/mmlu}", "the local folder of the original MMLU CSVs (dev/, test/)")
     shots: int = key(5, "few-shot examples before each question, the first of the subject's dev CSV")
@@ -257,6 +269,7 @@ class Sweep:
 
 @dataclass
 class Top:
+    SHAPES: ClassVar[dict] = {"_top": ("experiment",)}  # conf/config.yaml's top: an +experiment=NAME preset sets it
     experiment: str | None = key(None, "the study's name, set by +experiment=NAME presets", hashed=False)
     seed: int = key(0, "the run's seed", Int(0, 2**32 - 1))
     device: str = key("auto", "auto (cuda where visible, else cpu), cpu or cuda", Choice(("auto", "cpu", "cuda")))
