@@ -119,7 +119,7 @@ def test_propose_is_the_brute_force_argmax_within_tolerance_and_the_measured_ran
 
 
 def test_uniform_has_equal_ranks_within_tolerance_or_is_refused():
-    cfg = make_cfg("budget.params=1040", "budget.method=uniform", "budget.tolerance=0.02").budget
+    cfg = make_cfg("budget=shares", "budget.params=1040", "budget.method=uniform", "budget.tolerance=0.02").budget
     assert budget.solve(LAYERS, cfg) == {"attn": 4, "mlp": 4}  # 4 x 260 = 1040
     f = budget.fit(synthetic())
     u = budget.propose(f, LAYERS, 1040, 0.02).uniform
@@ -152,7 +152,7 @@ def test_the_verdict_says_plainly_when_the_difference_is_within_noise():
 
 def test_a_fitted_budget_sets_the_runs_ranks_from_the_records(tmp_path):
     records = write_records(tmp_path / "runs", synthetic())
-    cfg = make_cfg("budget.params=20000", "budget.method=fitted", f"budget.records={records}", "budget.tolerance=0.05")
+    cfg = make_cfg("budget=shares", "budget.params=20000", "budget.method=fitted", f"budget.records={records}", "budget.tolerance=0.05")
     budget.check(cfg.budget)
     layers = budget.meta_layers(model.resolve(cfg.model, cfg.cache_dir))  # tiny_llama: 1,792 / 2,688 a rank
     ranks = budget.apply(cfg, layers)
@@ -164,7 +164,7 @@ def test_a_fitted_budget_sets_the_runs_ranks_from_the_records(tmp_path):
 def test_bad_budget_methods_and_records_are_refused_naming_the_key(tmp_path):
     def refused(*overrides):
         with pytest.raises(QftError) as e:
-            budget.check(make_cfg("budget.params=20000", *overrides).budget)
+            budget.check(make_cfg("budget=shares", "budget.params=20000", *overrides).budget)
         return e.value
 
     assert refused("budget.method=greedy").key == "budget.method"
@@ -177,9 +177,9 @@ def test_bad_budget_methods_and_records_are_refused_naming_the_key(tmp_path):
                                                            synthetic(source="reuters_r8")], ignore_index=True))
     assert refused("budget.method=fitted", f"budget.records={mixed}").key == "budget.records_data"
     assert refused("budget.method=fitted", f"budget.records={mixed}", "budget.split=depth").key == "budget.split"
-    budget.check(make_cfg("budget.params=20000", "budget.method=fitted", f"budget.records={mixed}",
+    budget.check(make_cfg("budget=shares", "budget.params=20000", "budget.method=fitted", f"budget.records={mixed}",
                           "budget.records_data=reuters_r8").budget)
-    budget.check(make_cfg("budget.method=greedy").budget)  # no budget: the block is off, as before
+    budget.check(make_cfg("budget=shares", "budget.method=greedy").budget)  # no budget.params: off
     res = subprocess.run([sys.executable, "-m", "qft.budget", "model=tiny_llama", "budget.params=20000",
                           "budget.method=greedy"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert res.returncode == 2 and res.stderr.strip().splitlines() == [
@@ -194,7 +194,7 @@ def test_committed_records_recompute_their_hash_and_older_data_formats_are_never
     old = [r for r in recs if "inputs" not in r]  # made with data format 1, whose prompts told the label
     fresh = {"data_format": data.FORMAT}
     assert old and all(record.config_hash(r["config"], inputs_=fresh) != r["config_hash"] for r in old)
-    assert record.config_hash(make_cfg()) == record.config_hash(make_cfg("budget.method=fitted", "budget.max_rank=4"))
+    assert record.config_hash(make_cfg()) == record.config_hash(make_cfg("budget=fitted", "budget.max_rank=4"))
 
 
 @pytest.mark.parametrize("params", [1146000, 2292000])

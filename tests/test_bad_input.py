@@ -46,10 +46,10 @@ CASES = [
     ("adapter.use_rslora=maybe", "adapter.use_rslora"),
     ("data.task=qa", "data.task"),
     ("+data.label_words={no_such_label:x}", "data.label_words"),
-    ("offload.prefetch=maybe", "offload.prefetch"),
+    (("offload=activations", "offload.prefetch=maybe"), "offload.prefetch"),
     ("offload.device_budget_gb=0", "offload.device_budget_gb"),
     ("offload.device_budget_gb=-4", "offload.device_budget_gb"),
-    ("budget.params=-5", "budget.params"),
+    (("budget=shares", "budget.params=-5"), "budget.params"),
     ("model.source=hub", "model.source"),
     # appended keys the tree declares nowhere: Hydra takes them, so qft refuses them (a typo would run the defaults)
     ("+train.stpes=5", "train.stpes"),
@@ -91,15 +91,15 @@ CASES = [
     ("data.instruction='Choose one of {labels!r}.'", "data.instruction"),
     ("model.tokenizer.package=null", "model.tokenizer.package"),
     ("+logger.dir=7", "logger.dir"),
-    ("offload.split=5", "offload.split"),
-    ("offload.offload_stages=[a]", "offload.offload_stages"),
-    ("budget.grid=[1,x]", "budget.grid"),
+    (("offload=pipeline", "offload.split=5"), "offload.split"),
+    (("offload=pipeline", "offload.offload_stages=[a]"), "offload.offload_stages"),
+    (("budget=shares", "budget.grid=[1,x]"), "budget.grid"),
 ]
 
 
 @pytest.mark.parametrize("override,key", CASES)
 def test_bad_config_names_the_key_and_records_failure(tmp_path, override, key):
-    cfg = make_cfg(*TINY_DATA, "train.steps=1", override)
+    cfg = make_cfg(*TINY_DATA, "train.steps=1", *(override if isinstance(override, tuple) else (override,)))
     with pytest.raises(QftError) as e:
         run.run(cfg, tmp_path)
     assert e.value.key == key
@@ -117,7 +117,7 @@ def test_bad_config_names_the_key_and_records_failure(tmp_path, override, key):
                                           ("budget.shares=[-1,2]", "budget.shares")])
 def test_bad_budget_settings_name_the_key(tmp_path, override, key):
     with pytest.raises(QftError) as e:  # checked only while a budget is set
-        run.run(make_cfg(*TINY_DATA, "budget.params=20000", override), tmp_path)
+        run.run(make_cfg(*TINY_DATA, "budget=shares", "budget.params=20000", override), tmp_path)
     assert e.value.key == key and record.read(tmp_path)["status"] == "failed"
 
 
@@ -164,6 +164,16 @@ def test_cli_bad_data_path_exits_2(tmp_path):
     res = cli("model=tiny_llama", "data=local", "data.path=/no/such.csv", cwd=tmp_path)
     assert res.returncode == 2
     assert res.stderr.strip().splitlines()[-1].startswith("qft: error: data.path='/no/such.csv'")
+
+
+def test_cli_a_budget_without_its_preset_says_which_to_choose(tmp_path):
+    """budget=none (the default) has no budget keys: setting one names the presets that hold them, nothing recorded."""
+    res = cli("model=tiny_llama", "budget.params=1e6", cwd=tmp_path)
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines() == [
+        "qft: error: budget.params: not a key of the chosen presets; it is one of +experiment=allocator_check, "
+        "+experiment=budget_sweep, budget=fitted, budget=shares, budget=uniform"]
+    assert not (tmp_path / "result.json").exists()
 
 
 @pytest.mark.parametrize("args,needle", [

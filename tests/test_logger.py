@@ -52,5 +52,5 @@ def test_mlflow_gets_params_and_metrics(tmp_path, monkeypatch):
 
 def test_unknown_logger_kind(tmp_path):
     with pytest.raises(QftError) as e:
-        run.run(make_cfg(*RUN, "logger.kind=wandb"), tmp_path)
+        run.run(make_cfg(*RUN, "logger=tensorboard", "logger.kind=wandb"), tmp_path)
     assert e.value.key == "logger.kind"

@@ -49,8 +49,8 @@ def test_parameters_and_small_tensors_stay_put():
 
 
 @pytest.mark.parametrize("override,key", [("offload.mode=disk", "offload.mode"),
-                                          ("offload.schedule=zb", "offload.schedule"),
-                                          ("offload.stages=2", "offload.stages"),
+                                          ("offload=pipeline offload.schedule=zb", "offload.schedule"),
+                                          ("+offload.stages=2", "offload.stages"),  # on offload=none
                                           ("offload=pipeline offload.stages=1", "offload.stages"),
                                           ("offload=pipeline offload.micro_batches=3", "offload.micro_batches"),
                                           ("offload=activations offload.route=neighbour", "offload.route")])

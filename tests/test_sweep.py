@@ -62,7 +62,7 @@ def test_a_failing_run_does_not_stop_the_sweep_and_only_it_is_redone(tmp_path):
 
 
 def test_budget_allocations_hit_their_budgets_on_the_built_model():
-    cfg = make_cfg("budget.params=20000", "budget.tolerance=0.05")
+    cfg = make_cfg("budget=shares", "budget.params=20000", "budget.tolerance=0.05")
     source = model.resolve(cfg.model, cfg.cache_dir)
     layers = budget.meta_layers(source)
     found = budget.allocations(layers, 20000, "type", 0.05, [0, 1, 2, 4, 8, 16])
@@ -81,7 +81,7 @@ def test_budget_depth_split_sets_depth_groups():
     from qft import layers as L
 
     # shares 1:3:0 must solve to three different ranks: a solver that ignored budget.shares would not
-    cfg = make_cfg("budget.params=30000", "budget.split=depth", "budget.shares=[1,3,0]", "budget.tolerance=0.1")
+    cfg = make_cfg("budget=shares", "budget.params=30000", "budget.split=depth", "budget.shares=[1,3,0]", "budget.tolerance=0.1")
     source = model.resolve(cfg.model, cfg.cache_dir)
     layers = budget.meta_layers(source)
     ranks = budget.apply(cfg, layers)
@@ -101,7 +101,7 @@ def test_budget_depth_split_sets_depth_groups():
 
 
 def test_budget_below_the_smallest_allocation():
-    cfg = make_cfg("budget.params=100")
+    cfg = make_cfg("budget=shares", "budget.params=100")
     with pytest.raises(QftError) as e:
         budget.solve(budget.meta_layers(model.resolve(cfg.model, cfg.cache_dir)), cfg.budget)
     assert e.value.key == "budget.params" and "1,792" in str(e.value)
@@ -224,7 +224,7 @@ def test_parallel_jobs_get_their_own_gpu(monkeypatch, tmp_path):
 
 
 def test_report_uses_the_ranks_a_budget_solved(tmp_path):
-    cfg = make_cfg("budget.params=20000", "budget.tolerance=0.05", "data.train_size=16", "data.val_size=5",
+    cfg = make_cfg("budget=shares", "budget.params=20000", "budget.tolerance=0.05", "data.train_size=16", "data.val_size=5",
                    "data.test_size=10", "train.steps=1", "train.batch_size=4", "train.zero_shot=false",
                    "train.checkpoint_every=0", "train.eval_every=0")
     rec = run.run(cfg, tmp_path / "b")

@@ -123,7 +123,7 @@ def suggestions(cfg, budget_bytes: float, source=None, answer_tokens: int | None
     def consider(changes: dict, label: str | None = None):
         c = _with(cfg, changes)
         peak = _peak_of(c, source, answer_tokens)
-        rows.append({"overrides": label or " ".join(f"{k}={_show(v)}" for k, v in changes.items()),
+        rows.append({"overrides": label or _overrides(changes),
                      "peak": peak, "fits": peak is not None and peak <= budget_bytes})
         return rows[-1]["fits"]
 
@@ -146,11 +146,11 @@ def suggestions(cfg, budget_bytes: float, source=None, answer_tokens: int | None
             c = _with(cfg, ch)
             peak = _peak_of(c, source, answer_tokens)
             if peak is not None and peak <= budget_bytes:
-                label = " ".join(f"{k}={_show(v)}" for k, v in ch.items() if k != "offload.device_budget_gb")
+                label = _overrides({k: v for k, v in ch.items() if k != "offload.device_budget_gb"})
                 rows.append({"overrides": label, "peak": peak, "fits": True})
                 return True
-        rows.append({"overrides": " ".join(f"{k}={_show(v)}" for k, v in base.items()) +
-                     f" offload.mode=pipeline offload.stages<={min(depth, 64)}", "peak": None, "fits": False})
+        rows.append({"overrides": _overrides(base) + f" offload=pipeline offload.stages<={min(depth, 64)}",
+                     "peak": None, "fits": False})
         return False
 
     for ch in singles:
@@ -177,6 +177,11 @@ def _eval_batch_that_fits(cfg, source, budget_bytes: float) -> tuple[int, int] |
         if peak <= budget_bytes:
             return cand, peak
     return None
+
+
+def _overrides(changes: dict) -> str:
+    """Changes as the command line sets them: an offload mode by its preset, whose shape holds the mode's keys."""
+    return " ".join(f"offload={v}" if k == "offload.mode" else f"{k}={_show(v)}" for k, v in changes.items())
 
 
 def _show(v) -> str:
