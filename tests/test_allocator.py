@@ -152,7 +152,7 @@ def test_the_verdict_says_plainly_when_the_difference_is_within_noise():
 
 def test_a_fitted_budget_sets_the_runs_ranks_from_the_records(tmp_path):
     records = write_records(tmp_path / "runs", synthetic())
-    cfg = make_cfg("budget=shares", "budget.params=20000", "budget.method=fitted", f"budget.records={records}", "budget.tolerance=0.05")
+    cfg = make_cfg("budget=fitted", "budget.params=20000", f"budget.records={records}", "budget.tolerance=0.05")
     budget.check(cfg.budget)
     layers = budget.meta_layers(model.resolve(cfg.model, cfg.cache_dir))  # tiny_llama: 1,792 / 2,688 a rank
     ranks = budget.apply(cfg, layers)

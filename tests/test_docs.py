@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from qft import config, model, validate
+from qft import config, model, schema, validate
+from qft.budget import cli as budget_cli
 from qft.planning import footprint
 from qft.tools import power, report, simulate
 from qft.errors import QftError
@@ -71,8 +72,9 @@ def grid(overrides: list[str]) -> list[list[str]]:
 
 
 def hydra_cfg(overrides: list[str], with_hydra: bool = False):
+    """The config a command line composes, completed as a run or a CLI completes it (qft.schema.complete)."""
     with initialize_config_dir(config.CONF, version_base="1.3"):
-        return compose("config", overrides=overrides, return_hydra_config=with_hydra)
+        return schema.complete(compose("config", overrides=overrides, return_hydra_config=with_hydra))
 
 
 def environment(words: list[str]) -> tuple[dict, list[str]]:
@@ -155,7 +157,7 @@ def test_documented_command_runs_as_written(where, line, monkeypatch, tmp_path, 
         check_qft_run(args, env, monkeypatch)
     elif module in ("qft.tools.memory", "qft.budget"):
         assert not any(a.startswith("--") for a in args), f"{line}: {module} takes Hydra overrides only"
-        cfg = hydra_cfg(args)
+        cfg = hydra_cfg(args if module == "qft.tools.memory" else budget_cli.overrides(args))
         footprint.resolve(cfg) if module == "qft.tools.memory" else validate.validate(cfg, planning=True)
     elif module == "qft.tools.report":
         ns = report.parser().parse_args(args)

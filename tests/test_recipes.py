@@ -140,7 +140,8 @@ def test_budget_split_by_depth_takes_three_equal_shares_by_default(capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "llama2_7b: 224 projections; parameters per unit of rank: shallow 858,880, middle 780,800, deep 858,880"
     assert "| 8 | 8 | 8 | 19,988,480 | -0.06% |" in out
-    assert make_cfg("budget=shares", "budget.split=depth").budget.shares == [1, 1, 1] and list(make_cfg("budget=shares").budget.shares) == [1, 1]
+    assert make_cfg("budget=shares", "budget.split=depth").budget.shares == [1, 1, 1]
+    assert list(make_cfg("budget=shares").budget.shares) == [1, 1]
 
 
 @pytest.mark.parametrize("tool", ["qft.tools.memory", "qft.budget", "qft.tools.report", "qft.tools.power",

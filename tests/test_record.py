@@ -76,7 +76,8 @@ def test_fitted_budget_records_enter_by_content(tmp_path):
     (run / "result.json").write_text(json.dumps({"status": "ok", "final_accuracy": {"test": 0.6}}))
     assert h(*over) != before
     # the records are read only by the fitted method
-    assert record.inputs(make_cfg("budget=shares", "budget.params=20000", f"budget.records={tmp_path}")).get("budget_records") is None
+    assert record.inputs(make_cfg("budget=shares", "budget.params=20000", f"budget.records={tmp_path}")
+                         ).get("budget_records") is None
 
 
 def test_records_from_a_gpu_are_their_own_run_kind(tmp_path):

@@ -101,7 +101,8 @@ def test_sweep_directory_names_leave_out_what_the_hash_does():
                                                        p.split(".")[0] in hashed_out}
     with initialize_config_dir(config.CONF, version_base="1.3"):
         cfg = compose("config", return_hydra_config=True, overrides=[
-            "adapter.attn.r=2", "train.eval_every=3", "offload.device_budget_gb=4", "sweep.force=true", "train.lr=0.01"])
+            "adapter.attn.r=2", "train.eval_every=3", "offload.device_budget_gb=4", "sweep.force=true",
+            "train.lr=0.01"])
     assert cfg.hydra.job.override_dirname == "adapter.attn.r=2,train.lr=0.01"
 
 
@@ -203,7 +204,8 @@ def test_a_bad_value_gets_the_declared_check():
     from qft import validate
 
     for overrides, line in [(["train.zero_shot=no"], "train.zero_shot='no': true or false"),
-                            (["offload=pipeline", "offload.schedule=zb"], "offload.schedule='zb': allowed: gpipe, 1f1b"),
+                            (["offload=pipeline", "offload.schedule=zb"],
+                             "offload.schedule='zb': allowed: gpipe, 1f1b"),
                             (["train.stop_after_steps=0"], "train.stop_after_steps=0: an integer >= 1, or null"),
                             (["quant.attention_dtype=fp16"], "quant.attention_dtype='fp16': allowed: compute, fp32")]:
         with pytest.raises(QftError) as e:

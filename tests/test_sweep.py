@@ -81,7 +81,8 @@ def test_budget_depth_split_sets_depth_groups():
     from qft import layers as L
 
     # shares 1:3:0 must solve to three different ranks: a solver that ignored budget.shares would not
-    cfg = make_cfg("budget=shares", "budget.params=30000", "budget.split=depth", "budget.shares=[1,3,0]", "budget.tolerance=0.1")
+    cfg = make_cfg("budget=shares", "budget.params=30000", "budget.split=depth", "budget.shares=[1,3,0]",
+                   "budget.tolerance=0.1")
     source = model.resolve(cfg.model, cfg.cache_dir)
     layers = budget.meta_layers(source)
     ranks = budget.apply(cfg, layers)
@@ -224,9 +225,9 @@ def test_parallel_jobs_get_their_own_gpu(monkeypatch, tmp_path):
 
 
 def test_report_uses_the_ranks_a_budget_solved(tmp_path):
-    cfg = make_cfg("budget=shares", "budget.params=20000", "budget.tolerance=0.05", "data.train_size=16", "data.val_size=5",
-                   "data.test_size=10", "train.steps=1", "train.batch_size=4", "train.zero_shot=false",
-                   "train.checkpoint_every=0", "train.eval_every=0")
+    cfg = make_cfg("budget=shares", "budget.params=20000", "budget.tolerance=0.05", "data.train_size=16",
+                   "data.val_size=5", "data.test_size=10", "train.steps=1", "train.batch_size=4",
+                   "train.zero_shot=false", "train.checkpoint_every=0", "train.eval_every=0")
     rec = run.run(cfg, tmp_path / "b")
     df = report.collect([tmp_path])
     assert (df.attn_r[0], df.mlp_r[0]) == (rec["budget_ranks"]["attn"], rec["budget_ranks"]["mlp"])

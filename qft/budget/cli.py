@@ -16,13 +16,16 @@ from qft.budget.ranks import check, solve
 from qft.errors import QftError, fail
 
 
+def overrides(argv) -> list[str]:
+    """The command line's overrides, with budget=shares first unless they choose a budget preset."""
+    chosen = any(a.split("=")[0] in ("budget", "+budget", "~budget") for a in argv)
+    return list(argv) if chosen else ["budget=shares", *argv]
+
+
 def main(argv=None) -> int:
     from qft import config, model
 
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not any(a.split("=")[0] in ("budget", "+budget") for a in argv):
-        argv.insert(0, "budget=shares")  # a budget tool without a budget preset: the default method's
-    cfg = config.compose(argv, "qft.budget", __doc__)
+    cfg = config.compose(overrides(sys.argv[1:] if argv is None else argv), "qft.budget", __doc__)
     if cfg is None:
         return 2
     method = cfg.budget.method
