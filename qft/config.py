@@ -214,7 +214,7 @@ def compose(argv, prog: str, doc: str = ""):
     if {"-h", "--help"} & set(overrides):
         print(f"usage: python -m {prog} [KEY=VALUE ...]\n\n{doc.strip()}\n\nKEY=VALUE: Hydra overrides of the config "
               "tree conf/, as python -m qft takes them (python -m qft --help lists its groups, python -m qft --cfg job "
-              "every key and its default).")
+              "the keys of the chosen presets and their values).")
         sys.exit(0)
     with initialize_config_dir(CONF, version_base="1.3"):
         try:
