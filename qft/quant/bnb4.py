@@ -59,6 +59,8 @@ def dequantize_as_gemm(w, dtype: torch.dtype) -> torch.Tensor:
 
 
 class FourBit(Backend):
+    """4-bit NF4 or FP4 (`Linear4bit`, double quantization and block size from the settings), or Dequantized."""
+
     name, bits, quant_types = "bnb4", 4, ("nf4", "fp4")
     output_in_input_dtype = True  # bitsandbytes returns its input's dtype; so does Dequantized
     holds_dequantized = True

@@ -31,6 +31,8 @@ CAST_LOG.addFilter(_Once())
 
 
 class Int8(Backend):
+    """8-bit LLM.int8 (`Linear8bitLt`, threshold from the settings)."""
+
     name, bits = "int8", 8
     pins_input = True  # bitsandbytes' int8 matmul keeps its input on its autograd node (ctx.A)
 
