@@ -1,12 +1,11 @@
-"""Discrete-event simulator of pipeline-parallel fine-tuning with activation offload.
+"""Discrete-event simulator of pipeline-parallel fine-tuning with activation offload, from the command line:
+
+    python -m qft.tools.simulate rtx3090x4 --model llama2-7b --seq-len 2048 --micro-batches 16
 
 Predicts what each offload policy (Liu, Lai, Li, HPCC 2023 / CIBDA 2024: copies routed through an NVLink
 neighbour's PCIe link) costs in step time and buys in peak memory on a described server, before any GPU is booked:
 compute streams, links and per-GPU memory event by event. Modules, each importing only those before it: checks,
 inputs, schedules, engine, policies, presets, loading, plots, report, cli.
-
-    python -m qft.tools.simulate rtx3090x4 --model llama2-7b --seq-len 2048 --micro-batches 16
-    python -m qft.tools.simulate my_server.yaml --out results/pipeline_offload/mine
 """
 
 from __future__ import annotations
