@@ -136,7 +136,7 @@ def _packaged_gguf(package: str, file: str, cache_dir: Path) -> Path:
 
 def packaged_digest(package: str, file: str, cache_dir: Path) -> str | None:
     """The sha256 of `package`'s GGUF `file` without joining any chunks: the file's own, or the one a chunked
-    package declares (its joining checks it); None where neither is there."""
+    package declares (its joining checks it); None where neither is there. File hashes are memoised in `cache_dir`."""
     spec = importlib.util.find_spec(package)
     if spec is None or spec.origin is None:
         return None

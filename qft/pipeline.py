@@ -29,7 +29,7 @@ from qft.planning.stages import Plan
 # --------------------------------------------------------------------------- processes
 
 def init(cfg, device: torch.device) -> torch.device:
-    """Join the process group torchrun set up (gloo, or NCCL on CUDA); returns this rank's device (one per stage).
+    """Join the process group torchrun set up (gloo, or NCCL on a CUDA `device`); returns this rank's device.
 
     Raises QftError (offload.stages) where the process count is not `cfg.offload.stages`."""
     import torch.distributed as dist
@@ -80,8 +80,8 @@ class Stage(nn.Module):
 
 
 def stage_of(net, the_plan: Plan, rank: int, dtype, device, offloaded: bool, the_route: str = "host") -> Stage:
-    """The Stage of `rank` under `the_plan`, on `device`, its activations `offloaded` by `the_route`; other ranks'
-    layers are dropped from `net` except on rank 0, which keeps the whole model to score it after gather()."""
+    """The Stage of `rank` under `the_plan`, computing in `dtype` on `device`, its activations `offloaded` by
+    `the_route`; `net` drops other ranks' layers except on rank 0, which keeps the whole model to score it."""
     base = net.get_base_model()
     lo, hi = the_plan.layers[rank]
     p = len(the_plan.layers)
@@ -157,8 +157,9 @@ def train(net, task, cfg, the_plan: Plan, dtype, pad_id: int, job, device: torch
 
 
 def forward_backward(stage: Stage, task, ocfg, dtype, pad_id: int, device: torch.device):
-    """The Step.forward_backward of `stage`: one micro-batch of `task`'s train split through the pipeline schedule
-    (`ocfg.schedule`, cut into `ocfg.micro_batches`); only the last stage returns the loss, the others 0."""
+    """The Step.forward_backward of `stage` on `device`: one micro-batch of `task`'s train split (padded with
+    `pad_id`, autocast in `dtype`) through the schedule `ocfg.schedule` in `ocfg.micro_batches`; the last stage
+    returns the loss, the others 0."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
     from qft.data import batch
@@ -204,7 +205,7 @@ def forward_backward(stage: Stage, task, ocfg, dtype, pad_id: int, device: torch
 
 
 def gather(net, stage: Stage, run_dir: Path) -> None:
-    """Copy every stage's trained adapter weights into rank 0's whole `net`, through files under `run_dir`."""
+    """Copy every `stage`'s trained adapter weights into rank 0's whole `net`, through files under `run_dir`."""
     import torch.distributed as dist
     from safetensors.torch import load_file, save_file
 

@@ -290,7 +290,7 @@ def flatten(d: dict, prefix: str = "") -> dict:
 
 
 def write(run_dir: Path, record: dict) -> Path:
-    """Write `record` as run_dir/RECORD atomically; returns its path."""
+    """Write `record` as RECORD in `run_dir`, atomically; returns its path."""
     return atomic.write(run_dir / RECORD, lambda tmp: Path(tmp).write_text(json.dumps(record, indent=1)))
 
 

@@ -328,7 +328,7 @@ def power_equivalence(margin: float, se: float, df: float, alpha: float, true_di
 # --------------------------------------------------------------------------- seed-level summaries
 
 def t_quantile(df: float, level: float = 0.95) -> float:
-    """Two-sided Student t quantile (scipy) for `df` degrees of freedom."""
+    """The two-sided Student t quantile (scipy) at `level` for `df` degrees of freedom."""
     return float(st.t.ppf(0.5 + level / 2, df))
 
 
@@ -351,7 +351,8 @@ def seed_summary(g) -> pd.DataFrame:
 
 
 def welch_from_summary(mean_a, sd_a, n_a, mean_b, sd_b, n_b, margin: float = 0.02) -> Comparison:
-    """The Welch Comparison from each side's mean, SD and seed count, TOST against `margin`."""
+    """The Welch Comparison from each side's mean, SD and seed count (`mean_a`, `sd_a`, `n_a`; `mean_b`, `sd_b`,
+    `n_b`), TOST against `margin`."""
     va, vb = sd_a ** 2 / n_a, sd_b ** 2 / n_b
     se = math.sqrt(va + vb)
     if se == 0:

@@ -1,5 +1,7 @@
-"""Docstrings state the contract first and stay short; measurements live in benchmarks/README.md and docs/, not in
-qft/'s docstrings; YAML comments in conf/ are short lines. Checked on the source text alone (ast, no imports)."""
+"""Docstrings state the contract and stay short: every public function of qft/ names each parameter it takes, no
+docstring runs over MAX_LINES, and none holds a measured figure (those live in benchmarks/README.md and docs/); a
+conf/ line with a comment stays within MAX_YAML_COMMENT characters. Read from the source text alone (ast, no imports).
+The *_ELSEWHERE sets name what is rewritten separately; a test fails once an entry no longer needs to be there."""
 
 import ast
 import re
@@ -14,8 +16,10 @@ MAX_YAML_COMMENT = 120  # characters in a line of conf/ that holds a comment
 LONG_ELSEWHERE = {"qft/budget/__init__.py:<module>", "qft/budget/fitted.py:fit", "qft/offload.py:<module>"}
 # docstrings with a measured figure in modules rewritten separately; empty it as they are
 MEASURED_ELSEWHERE = {"qft/data.py:_read"}
-# modules whose every public function names each of its parameters, in backticks, in its docstring
-NAMED_PARAMETERS = ["qft/train.py"]
+# modules rewritten separately whose public functions do not yet name every parameter; empty it as they do
+UNNAMED_ELSEWHERE = {"qft/budget/bits.py", "qft/budget/cli.py", "qft/budget/costs.py", "qft/budget/evidence.py",
+                     "qft/budget/fitted.py", "qft/budget/ranks.py", "qft/config.py", "qft/data.py", "qft/offload.py",
+                     "qft/run.py", "qft/schema/__init__.py", "qft/schema/spec.py"}
 # a figure measured on some machine: a duration, a size in memory units, a compute rate, a speed ratio, a date
 MEASURED = re.compile(r"\b\d+(?:\.\d+)?(?:-\d+(?:\.\d+)?)?\s?(?:s|ms|µs|us|min|MB|GB|MiB|GiB|[GT]FLOP/s)\b"
                       r"|\b\d+(?:\.\d+)?(?:-\d+(?:\.\d+)?)?x (?:faster|slower|cheaper)\b|\b20\d\d-\d\d-\d\d\b")
@@ -99,9 +103,13 @@ def test_docstrings_hold_no_measurements():
     assert MEASURED_ELSEWHERE <= set(measured()), sorted(MEASURED_ELSEWHERE - set(measured()))
 
 
-@pytest.mark.parametrize("module", NAMED_PARAMETERS)
-def test_public_functions_name_their_parameters(module):
-    assert not unnamed_parameters(ROOT / module), "\n".join(unnamed_parameters(ROOT / module))
+def test_public_functions_name_their_parameters():
+    """Every public top-level function of qft/ names each parameter it takes (train.train its four among them)."""
+    found = [f"{p.relative_to(ROOT).as_posix()}: {u}" for p in sources() for u in unnamed_parameters(p)
+             if p.relative_to(ROOT).as_posix() not in UNNAMED_ELSEWHERE]
+    assert not found, "\n".join(found)
+    still = {p.relative_to(ROOT).as_posix() for p in sources() if unnamed_parameters(p)}
+    assert UNNAMED_ELSEWHERE <= still, sorted(UNNAMED_ELSEWHERE - still)
 
 
 def test_the_parameter_check_sees_a_missing_name(tmp_path):

@@ -223,18 +223,19 @@ def _flat(t: torch.Tensor) -> np.ndarray:
 
 def drop(x: torch.Tensor, lanes: torch.Tensor, threshold: int, scale: float, out: torch.Tensor,
          keep: torch.Tensor) -> None:
-    """Fill out ((keep * x) * scale: fp32, or rounded to bf16) and keep (lanes >= threshold); contiguous CPU tensors."""
+    """Fill `out` with (`keep` * `x`) * `scale` (fp32, or rounded to bf16) and `keep` with `lanes` >= `threshold`;
+    contiguous CPU tensors."""
     _drop(_flat(x), _flat(lanes), threshold, scale, _flat(out), _flat(keep))
 
 
 def undrop(grad: torch.Tensor, keep: torch.Tensor, scale: float, out: torch.Tensor) -> None:
-    """Fill out (fp32) with (keep * grad) * scale; grad fp32 or bf16, contiguous CPU tensors."""
+    """Fill `out` (fp32) with (`keep` * `grad`) * `scale`; `grad` fp32 or bf16; contiguous CPU tensors."""
     _undrop(_flat(grad), _flat(keep), scale, _flat(out))
 
 
 def lora_sum(y: torch.Tensor, lo: int, h: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
-    """y[..., lo:lo + n] + (h * scale in h's dtype), summed in fp32, in `dtype` (fp32, or bf16 rounded): y the frozen
-    output of a group (contiguous), h the LoRA output of one member (contiguous, n wide); each bf16 or fp32."""
+    """`y`[..., `lo`:`lo` + n] + (`h` * `scale` in h's dtype), summed in fp32, in `dtype` (fp32, or bf16 rounded): y a
+    group's frozen output, h one member's LoRA output (n wide); each contiguous, bf16 or fp32."""
     out = torch.empty(h.shape, dtype=dtype)
     if out.numel():
         _sum(_flat(y), y.shape[-1], lo, _flat(h), scale, _flat(out))
@@ -242,8 +243,8 @@ def lora_sum(y: torch.Tensor, lo: int, h: torch.Tensor, scale: float, dtype: tor
 
 
 def lora_sum_grad(grad: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """The fp32 gradient of lora_sum's output in bf16 (the frozen matmul's backward reads it), and rounded to bf16
-    times scale (the LoRA output's gradient); grad contiguous."""
+    """(`grad`, lora_sum's fp32 output gradient, in bf16 for the frozen matmul's backward; that bf16 times `scale`,
+    rounded to bf16, for the LoRA output); `grad` contiguous."""
     frozen, lora = (torch.empty(grad.shape, dtype=torch.bfloat16) for _ in range(2))
     _sum_grad(_flat(grad), scale, _flat(frozen), _flat(lora))
     return frozen, lora
@@ -256,8 +257,8 @@ def _strided(t: torch.Tensor) -> np.ndarray:
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor, grad: bool = False) -> None:
-    """Fill out (fp32, x's shape) with HF's rotary embedding of x (batch, heads, seq, dim; fp32, any strides >= 0
-    whose last is 1), or with its gradient where x is the output's gradient (`grad`); cos and sin (rows, seq, dim)
+    """Fill `out` (fp32, x's shape) with HF's rotary embedding of `x` (batch, heads, seq, dim; fp32, strides >= 0,
+    the last 1), or with its gradient where x is the output's gradient (`grad`); `cos` and `sin` (rows, seq, dim)
     contiguous, rows 1 or batch."""
     if x.numel():
         _rope(_strided(x), np.array([*x.stride()[:3], *x.shape], np.int64), _flat(cos), _flat(sin),

@@ -118,8 +118,9 @@ def _peak(fixed, act, lo, hi, s, p, m, schedule, off, ends, work=None) -> float:
 
 def balance(fixed, act, stages: int, micro_batches: int, schedule: str, ends=(0.0, 0.0),
             offloaded=(), work=None) -> tuple[list, list]:
-    """(boundaries, peaks) of the contiguous split of the layers (`fixed`, `act`, `work` each) into `stages` that
-    minimises the largest stage peak, by exact DP; raises QftError (offload.stages) beyond the layer count."""
+    """(boundaries, peaks) of the contiguous split of the layers (`fixed`, `act`, `work` a layer) into `stages` that
+    minimises the largest stage peak by exact DP, with `micro_batches`, `schedule`, `ends`, `offloaded` as _peak
+    takes them; raises QftError (offload.stages) beyond the layer count."""
     n = len(fixed)
     if n < stages:
         raise QftError("offload.stages", stages, f"at most the number of decoder layers ({n})")
@@ -151,7 +152,8 @@ def uniform(n: int, stages: int) -> list:
 
 
 def peaks_of(fixed, act, bounds, micro_batches, schedule, ends=(0.0, 0.0), offloaded=(), work=None) -> list:
-    """The _peak of each stage of the split at `bounds` (other arguments as _peak's)."""
+    """The _peak of each stage of the split at `bounds` of layers `fixed`, `act`, `work`, with `micro_batches`,
+    `schedule`, `ends` and `offloaded` stages."""
     edges = [0, *bounds, len(fixed)]
     p = len(edges) - 1
     return [_peak(fixed, act, edges[s], edges[s + 1], s, p, micro_batches, schedule, s in offloaded, ends, work)
@@ -160,9 +162,9 @@ def peaks_of(fixed, act, bounds, micro_batches, schedule, ends=(0.0, 0.0), offlo
 
 def plan_split(fixed, act, stages: int, micro_batches: int, schedule: str, ends=(0.0, 0.0), split="memory",
                budget: float | None = None, offload_stages="auto", work=None) -> Plan:
-    """The Plan for `split` (memory, uniform or a list) of the layers into `stages`; with `budget` bytes and
-    `offload_stages` "auto", the fewest, earliest stages offloaded that let it fit (each copy costs step time).
-    Raises QftError (offload.device_budget_gb) where nothing fits. Other arguments as balance's."""
+    """The Plan for `split` (memory, uniform or a list) of layers `fixed`, `act`, `work` into `stages`, with
+    `micro_batches`, `schedule`, `ends`; with `budget` bytes and `offload_stages` "auto", the fewest, earliest stages
+    offloaded that let it fit. Raises QftError (offload.device_budget_gb) where nothing fits."""
     n = len(fixed)
 
     def split_for(off):

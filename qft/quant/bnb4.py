@@ -48,7 +48,7 @@ class Dequantized(nn.Linear):
 
 
 def dequantize_as_gemm(w, dtype: torch.dtype) -> torch.Tensor:
-    """A 4-bit weight in `dtype`, computed as bitsandbytes' own 4-bit matmul computes it (gemm_4bit on CPU)."""
+    """4-bit weight `w` in `dtype`, computed as bitsandbytes' own 4-bit matmul computes it (gemm_4bit on CPU)."""
     qs = w.quant_state
     absmax = qs.absmax
     if qs.nested:

@@ -40,7 +40,8 @@ def workload_from_model(model: str | ModelShape, stages: int, micro_batches: int
                         bwd_ratio: float = 2.0, lora_rank: int = 16, flash_attention: bool = False,
                         base_bytes_per_param: float = 0.5 + 0.127 / 8, overhead_bytes: float = 1.0 * GiB
                         ) -> Workload:
-    """The Workload of LLaMA-shaped `model` (NF4 base, LoRA of `lora_rank` on all projections) in `stages` stages.
+    """The Workload of LLaMA-shaped `model` (NF4 base, LoRA of `lora_rank` on all projections) in `stages` stages
+    under `schedule`, `micro_batches` of `micro_batch_size` sequences of `seq_len`.
 
     Forward FLOPs 2 * params * tokens + 4 b s^2 h a layer at `tflops`, backward `bwd_ratio` x forward; activations
     s b h (34 + 5 a s / h) bytes a layer (Korthikanti et al. 2022; 5as/h dropped with `flash_attention`); the base
