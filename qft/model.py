@@ -70,7 +70,7 @@ class Source:
 
 
 def _file_hash(path: Path, cache_dir: Path) -> str:
-    """The sha256 hex digest of `path`, memoised under `cache_dir` by (path, size, mtime): a sweep hashes a file once."""
+    """The sha256 hex digest of `path`, memoised under `cache_dir` by (path, size, mtime): a sweep hashes it once."""
     st = path.stat()
     memo = cache_dir / "hashes" / hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()
     if memo.exists():
