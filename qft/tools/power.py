@@ -80,7 +80,7 @@ def refused(configs: dict) -> list[str]:
 
 def components(configs: dict) -> tuple[dict, int, int] | None:
     """(pooled crossed variance components, seeds, examples) over every pair of cells of `configs` sharing seeds and
-    examples, each seed's pair on one run kind (a kind's effect then joins the seed component)."""
+    examples, each seed's pair on one run kind (a kind's effect then joins the seed component); None without one."""
     pooled, weight, shape = {"seed": 0.0, "example": 0.0, "residual": 0.0}, 0.0, None
     for a, b in itertools.combinations(configs.values(), 2):
         seeds = _paired(a, b)
@@ -125,7 +125,8 @@ def simulated_power(comp: dict, seeds: int, examples: int, delta: float, alpha: 
 
 
 def hours_per_run(recs, cpu_kind: str | None) -> tuple[float | None, float | None, str]:
-    """(seconds of one run's training, seconds to score one example) from those of `recs` made on `cpu_kind`."""
+    """(seconds of one run's training, seconds to score one example, a note of the source) from the records of
+    `recs` made on `cpu_kind`, or from all of them where none was (rough, the note says)."""
     same = [r for _, r in recs if (r.get("execution") or {}).get("cpu_kind") == cpu_kind]
     note = f"from {len(same)} records made on this CPU kind ({cpu_kind})"
     if not same:
