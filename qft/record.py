@@ -226,7 +226,7 @@ def write_examples(run_dir: Path, examples: dict, label_words: list) -> str | No
 
 
 def read_examples(run_dir: Path, rec: dict | None = None) -> dict | None:
-    """{"final.test": {column: array}, ...} of record `rec` in `run_dir`, or None where the record names no file."""
+    """{"final.test": {column: array}, ...} of record `rec` in `run_dir`, or None where the record names none or it is gone."""
     rec = rec if rec is not None else read(run_dir)
     name = (rec or {}).get("examples")
     if not name or not (Path(run_dir) / name).is_file():
