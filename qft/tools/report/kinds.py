@@ -27,9 +27,9 @@ def pair_differences(ok, p: Pairs, metric: str) -> dict:
 
 
 def heterogeneity(groups: dict) -> dict | None:
-    """{"test", "df", "F", "p"} of the one-way ANOVA of the pair differences `groups` ({kind: differences}) over kinds, at
-    K - 1 and S - K df: the kind x contrast interaction of the crossed model (the example effect cancels). None with
-    one kind; p None where no kind has two pairs."""
+    """{"test", "df", "F", "p"} of the one-way ANOVA over kinds of the pair differences `groups` ({kind: differences}),
+    at K - 1 and S - K df: the kind x contrast interaction of the crossed model (the example effect cancels). None
+    with one kind; p None where no kind has two pairs."""
     values = [v for v in groups.values() if v]
     k, s = len(values), sum(map(len, values))
     if k < 2:
