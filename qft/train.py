@@ -248,12 +248,12 @@ def answer_step(model, task: Task, dtype: torch.dtype, pad_id: int, offload_cfg=
 
 def train(task: Task, cfg, job: Job, step: Step) -> History:
     """Fine-tune the trainable parameters of `step.module` on `task`'s train split; returns the History
-    (`completed`: all `cfg.steps` ran).
+    (`completed`: all `cfg.steps` ran). One loop for one process and each pipeline stage.
 
-    `cfg`: the train group (steps, batch_size, grad_accum, schedule, eval_every, checkpoint_every, resume, ...);
-    `job`: run directory, config hash and seed, optional `evaluate("val")` and `track(metrics, step)`; `step`: how
-    gradients are made (answer_step, or a pipeline stage's). Raises QftError (train.resume) on another config's
-    checkpoint, FloatingPointError on a non-finite loss. One loop for one process and each pipeline stage."""
+    `cfg`: the train group (steps, batch_size, grad_accum, schedule, resume, ...); `job`: run directory, config hash,
+    seed, and optional `evaluate("val")` (every eval_every steps but the last) and `track(metrics, step)`; `step`: how
+    gradients are made (answer_step, or a pipeline stage's). A checkpoint every checkpoint_every steps and where
+    stop_after_steps ends the invocation. Raises QftError (train.resume) on another config's checkpoint."""
     params = [p for p in step.module.parameters() if p.requires_grad]
     opt = make_optimizer(cfg, params)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(cfg, s))
