@@ -36,6 +36,8 @@ FORMAT = 2
 
 
 def check(cfg, files: bool = True) -> None:
+    """Check the data section `cfg` before anything heavy runs; with `files`, also that a local data.path exists.
+    Raises QftError naming the key (data.source, data.path, data.task, data.*_size, data.instruction)."""
     one_of("data.source", cfg.source, SOURCES)
     schema.check(cfg, "data")
     if cfg.source == "local" and not cfg.path:
@@ -68,8 +70,8 @@ def _unique(items):
 
 
 def sizes(cfg, rows: int) -> dict[str, int]:
-    """The split sizes: as set, and where an own file's data.*_size is unset (conf/data/local.yaml), derived from its
-    `rows`: a fifth to test, a tenth to validation (one at least), the rest to training, so a small file works as is."""
+    """{train, val, test} sizes for a source of `rows` rows under the data section `cfg`: as set, and where a local
+    file's data.*_size is null, a fifth to test, a tenth to validation (one at least), the rest to training."""
     test = cfg.test_size if cfg.test_size is not None else max(1, round(rows * 0.2))
     val = cfg.val_size if cfg.val_size is not None else max(1, round(rows * 0.1))
     return {"train": cfg.train_size if cfg.train_size is not None else max(0, rows - test - val), "val": val,
@@ -77,12 +79,11 @@ def sizes(cfg, rows: int) -> dict[str, int]:
 
 
 def split(raw: dict, cfg, stratified: bool = True) -> dict[str, list[tuple]]:
-    """Fixed, seeded splits of items (key, label, ...); an official test split is kept as the test split.
-
-    Repeats of item[0] are dropped and none sits in two splits; `prepare` passes the tokenized prompt as item[0],
-    so what is unique is what the model sees. Classification is label-stratified, `balanced` (round-robin across
-    labels, so a small split keeps every label) or `proportional` (each label's share of the pool, largest
-    remainders); instruction data (`stratified=False`) is a seeded random split.
+    """{train, val, test} lists drawn from `raw` ({part: [(key, label, ...)]}, "test" an official test split) by the
+    data section `cfg` (sizes, split_seed, stratify, test_stream). Repeats of item[0] are dropped and none sits in two
+    splits; with `stratified` the draw is label-stratified (balanced: round-robin, proportional: each label's share),
+    else seeded at random (instruction data). `prepare` passes the tokenized prompt as item[0]: what is unique is what
+    the model sees.
     """
     rng = random.Random(cfg.split_seed)
     test_pool = _unique(raw["test"]) if raw.get("test") else None
@@ -283,8 +284,8 @@ def _frame_ends(cfg, tokenizer, label_words: list[str]) -> tuple[str, str, list[
 
 
 def frame_texts(cfg, tokenizer, texts: list[str], label_words: list[str]) -> tuple[list[list[int]], list[list[int]]]:
-    """New texts framed exactly as a classification run of `cfg` framed its examples: their prompts, and the
-    label words' tokens (qft.tools.predict scores a trained adapter on them)."""
+    """(prompt ids of each of `texts`, token ids of each of `label_words`), framed by `tokenizer` exactly as a
+    classification run with data section `cfg` framed its examples, so qft.tools.predict scores them alike."""
     _, _, prefix, suffix = _frame_ends(cfg, tokenizer, label_words)
     label_tokens = [_encode(tokenizer, w) for w in label_words]
     room = cfg.max_length - len(prefix) - len(suffix) - max(map(len, label_tokens))
@@ -305,8 +306,9 @@ def drawn(cfg, seed: int | None):
 
 
 def prepare(cfg, tokenizer, cache_dir: str | Path, seed: int | None = None) -> Task:
-    """Load, frame, tokenize and split (data.split_seed `seed`: by the run's `seed`); read from the on-disk cache
-    when the same content was seen before."""
+    """The Task (label words and tokens, the three Splits, the content key) of the data section `cfg`, framed and
+    tokenized by `tokenizer`; read from `cache_dir`'s data/ when the same content was seen before. `seed`: the run's
+    seed, which draws the splits under data.split_seed=seed. Raises QftError on data that cannot be framed or split."""
     cfg = drawn(cfg, seed)
     raw, digest = _read(cfg)
     classification = cfg.task == "classification"
@@ -362,10 +364,8 @@ _READ: dict = {}  # a packaged source's name -> its examples and their digest: t
 
 
 def _read(cfg) -> tuple[dict, str]:
-    """A source's examples, each part a tuple, and their digest. A packaged source is read once per process and held
-    until another is read (its files do not change under it; the largest, 20 Newsgroups, holds 41 MB): a sweep's later
-    runs read BBC News' 2,225 files and hashed them again, a tenth of their start-up (0.08 s). A local file, whose size
-    has no bound, is read at each call."""
+    """({part: tuple of examples}, their digest) of the data section `cfg`'s source. A packaged source is held once
+    read until another is (a sweep's later runs skip re-reading it); a local file, of no bounded size, is read each call."""
     if cfg.source in _READ:
         raw, digest = _READ[cfg.source]
         return dict(raw), digest
@@ -410,8 +410,8 @@ def _load_cache(path: Path) -> dict[str, Split] | None:
 
 
 def batch(seqs: list[list[int]], pad_id: int):
-    """Left-padded ids, mask and positions, so every sequence ends at the last column: the answer
-    and the next-token logits then sit at the same columns for the whole batch."""
+    """(ids, mask, positions) tensors of `seqs` left-padded with `pad_id`: every sequence ends at the last column, so
+    the answers and their next-token logits sit at the same columns across the batch."""
     import torch
 
     width = max(map(len, seqs))

@@ -75,7 +75,8 @@ def _drug_reviews(cfg):
 
 
 def read_table(path, key: str = "data.path"):
-    """A CSV / TSV / JSON / JSONL file as a `datasets` table; a bad file is a QftError naming `key`."""
+    """The CSV / TSV / JSON / JSONL file at `path` as a `datasets` table. Raises QftError naming `key` on a missing
+    file, another file type, or one `datasets` cannot read."""
     path = Path(os.path.expanduser(str(path)))
     kind = {".csv": "csv", ".json": "json", ".jsonl": "json", ".tsv": "csv"}.get(path.suffix)
     if kind is None:
