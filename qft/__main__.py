@@ -26,6 +26,8 @@ STARTED: list = []  # set once Hydra hands over: an OSError before that is Hydra
 
 @hydra.main(config_path=CONF, config_name="config", version_base="1.3")
 def main(cfg) -> float | None:
+    """Run one fine-tune of composed config `cfg` in Hydra's run folder; returns its validation accuracy (a sweep's
+    objective), or None where it did not finish."""
     from qft import model
     from qft.run import run
     from qft.train import freeze_survivors
@@ -67,10 +69,8 @@ def main(cfg) -> float | None:
 
 
 def pin_gpu(job_num: int, env) -> str | None:
-    """Give each of several parallel sweep jobs on one multi-GPU node its own GPU (round robin).
-
-    Slurm already hands each array task its own GPU, and a restriction the user set is kept.
-    """
+    """Set CUDA_VISIBLE_DEVICES in `env` so sweep job `job_num` gets its own GPU of the node (round robin); returns
+    it, or None where Slurm or the user restricted the GPUs already, or the node has fewer than two."""
     if "CUDA_VISIBLE_DEVICES" in env or "SLURM_JOB_ID" in env:
         return None
     import shutil
@@ -87,9 +87,8 @@ def pin_gpu(job_num: int, env) -> str | None:
 
 
 def register_plugins() -> None:
-    """Register qft's launcher plugin (hydra/launcher=dry_run) with Hydra explicitly: Hydra finds plugins by
-    walking the `hydra_plugins` namespace package, which an editable install (`pip install -e .`, PEP 660)
-    hides from that walk unless the repository root happens to be the working directory."""
+    """Register qft's launcher plugin (hydra/launcher=dry_run) with Hydra explicitly: an editable install hides the
+    `hydra_plugins` namespace package from Hydra's walk unless the repository root is the working directory."""
     from hydra.core.plugins import Plugins
 
     from hydra_plugins.qft_dry_run_launcher.dry_run_launcher import DryRunLauncher
@@ -98,7 +97,8 @@ def register_plugins() -> None:
 
 
 def cli() -> None:
-    """Hydra's own config errors (an unknown option, a typo'd key) also end in one line and status 2."""
+    """The `python -m qft` entry point: Hydra's main, with Hydra's own config errors (an unknown option, a typo'd key)
+    ending in one line and exit status 2 as a QftError does."""
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")  # let them reach us instead of Hydra's exit(1)
     register_plugins()
     from hydra.errors import HydraException

@@ -22,6 +22,8 @@ FIELDS = {"r": lambda k, v: integer(k, v, 0, what="an integer >= 0 (0 = no adapt
 
 
 def check(cfg, depth: int | None = None) -> None:
+    """Check the adapter group `cfg` (depth groups against `depth` layers where known); raises QftError naming the
+    key (adapter.<type>.r, adapter.<type>.alpha, ...)."""
     L.check_spec(cfg, "adapter", FIELDS, depth, other_keys=("dropout", "use_rslora", "dropout_mask", "shared_dropout"))
     schema.check(cfg, "adapter")
     for lt in L.LAYER_TYPES:
@@ -31,16 +33,14 @@ def check(cfg, depth: int | None = None) -> None:
 
 
 def plan(cfg, layers: list[L.Layer]) -> dict[str, dict]:
-    """Rank and alpha of every projection (`layers.resolve`'s order: overlapping depth groups, later wins); rank 0
-    means the projection gets no adapter."""
+    """{projection name: {"r", "alpha"}} for each of `layers` under adapter group `cfg`, resolved as layers.resolve
+    does (overlapping depth groups: later wins); rank 0 means no adapter."""
     return L.resolve(cfg, layers, FIELDS)
 
 
 def count(plan_: dict[str, dict], layers: list[L.Layer], depth_groups: dict | None = None) -> dict:
-    """Exact trainable parameters from shapes alone: r * (d_in + d_out) per adapted projection.
-
-    Depth groups are the shallow/middle/deep thirds plus any the config names.
-    """
+    """The trainable parameters `plan_` gives `layers`, r * (d_in + d_out) per projection, from shapes alone: total,
+    per layer type, projection, depth and depth group (the thirds plus `depth_groups`)."""
     by_type, by_proj, by_depth = defaultdict(int), defaultdict(int), defaultdict(int)
     groups = {**L.depth_thirds(L.num_layers(layers)), **(depth_groups or {})}
     by_group = {g: 0 for g in groups}
@@ -58,7 +58,9 @@ def count(plan_: dict[str, dict], layers: list[L.Layer], depth_groups: dict | No
 
 
 def lora_config(cfg, plan_: dict[str, dict]):
-    """A stock peft LoraConfig that gives each module exactly its planned rank and alpha."""
+    """A stock peft LoraConfig giving each module of `plan_` its rank and alpha, with `cfg`'s dropout and rsLoRA.
+
+    Raises QftError (adapter) where every rank is 0. Exact module names: peft ignores patterns that match nothing."""
     from peft import LoraConfig
 
     targets = {n: s for n, s in plan_.items() if s["r"] > 0}
@@ -76,11 +78,10 @@ def lora_config(cfg, plan_: dict[str, dict]):
 
 
 def attach(model: nn.Module, cfg, layers: list[L.Layer], shared_input: tuple = L.Architecture().shared_input):
-    """Wrap the quantized model with peft; return it with its plan, after checking every module.
+    """(the peft-wrapped `model`, its plan) with adapters per adapter group `cfg` on `layers`, checked module by
+    module (verify); an all-zero plan leaves `model` unwrapped (a sweep's zero-budget point).
 
-    A plan with every rank 0 leaves the model unwrapped: the zero-budget point of a sweep. `shared_input` names
-    the projections that read one input (the architecture registry's), which adapter.shared_dropout groups.
-    """
+    `shared_input`: the projection groups that read one input, which adapter.shared_dropout shares a mask across."""
     from peft import get_peft_model
 
     plan_ = plan(cfg, layers)
@@ -100,12 +101,10 @@ def attach(model: nn.Module, cfg, layers: list[L.Layer], shared_input: tuple = L
 
 
 class SharedDropout(nn.Module):
-    """One dropout mask for the projections that read one input (adapter.shared_dropout): the first member called
-    with an input draws the mask, the others reuse the dropped input. A different model of dropout than peft's (each
-    projection its own mask), hence opt-in and in the config hash; it saves the group's other masks and their
-    elementwise work forward and backward (benchmarks/lora_inputs.py). The members of a group are called with the
-    very same input tensor (the layer's normed hidden state); a new tensor, as in checkpointing's recompute with
-    the RNG state restored, draws again."""
+    """Dropout module `inner` shared through `cache` by the projections that read one input (adapter.shared_dropout):
+    the first member called with a tensor draws the mask, the others reuse the dropped input; a new tensor draws again.
+
+    Another model of dropout than peft's, hence opt-in and hashed; it saves the group's other masks."""
 
     def __init__(self, inner: nn.Module, cache: dict):
         super().__init__()
@@ -128,6 +127,7 @@ class SharedDropout(nn.Module):
 
 
 def share_dropout(model: nn.Module, layers: list[L.Layer], shared_input: tuple) -> None:
+    """Give each group of `shared_input` projections of `layers` in peft `model` one SharedDropout, in place."""
     base = model.get_base_model()
     by_parent = defaultdict(dict)
     for layer in layers:
@@ -141,10 +141,9 @@ def share_dropout(model: nn.Module, layers: list[L.Layer], shared_input: tuple) 
 
 
 def mark_quantized(model: nn.Module) -> None:
-    """Set the flags transformers sets on a model it quantized (`is_loaded_in_4bit`, `is_loaded_in_8bit`), which
-    peft's dispatch reads: it then wraps each bitsandbytes layer in its own `lora.bnb.Linear4bit` or
-    `lora.bnb.Linear8bitLt`, the classes the stock path builds (so `merge_and_unload` works), and every other
-    projection in `lora.Linear`. Both flags may be set: a mixed-bits model gets each class where it belongs."""
+    """Set `is_loaded_in_4bit` / `is_loaded_in_8bit` on `model` where it holds such bitsandbytes layers.
+
+    peft's dispatch reads them to wrap each in its bnb LoRA class, as the stock path does (merge_and_unload works)."""
     import bitsandbytes as bnb
 
     kinds = {type(m) for m in model.modules()}
@@ -153,12 +152,11 @@ def mark_quantized(model: nn.Module) -> None:
 
 
 class _MaskedScale(torch.autograd.Function):
-    """x * keep / (1 - p) with keep = lanes >= threshold, keeping only the 1-byte mask for backward (torch's dropout
-    keeps a mask in x's dtype). Compiled (`accel.compiled_masks`, qft.accel.kernels): one pass, and where the output
-    feeds one matmul under bf16 autocast (`cast`) it is already the bf16 copy autocast would make of it, so the gradient
-    comes back in bf16 and is widened in the same pass as it is masked: the same bits as the torch ops below. Not
-    where several matmuls read one dropped input (adapter.shared_dropout): autograd would sum their gradients in
-    bf16, where each autocast copy's gradient is widened to fp32 before the sum."""
+    """x * keep * `scale` with keep = lanes >= threshold, saving only the 1-byte mask for backward.
+
+    `compiled` (accel.compiled_masks): one pass of qft.accel.kernels, same bits; with `cast` (one matmul reads it
+    under bf16 autocast) the output is already autocast's bf16 copy. Not with shared dropout: autograd would then
+    sum the gradients in bf16."""
 
     @staticmethod
     def forward(ctx, x, lanes, threshold, scale, compiled, cast):
@@ -190,21 +188,17 @@ class _MaskedScale(torch.autograd.Function):
 
 
 def _masked(x: torch.Tensor, keep: torch.Tensor, scale: float) -> torch.Tensor:
-    """(x * keep) * scale, the same bits, several times faster on a CPU: a multiply by a bool tensor promotes it
-    element by element (as does its cast to float), while its bytes read as uint8 cast to x's dtype in one vectorized
-    pass; the 0/1 tensor is the output's own buffer (0 * x and x * 0 are the same, signed zeros included), so the
-    output is contiguous whatever x's layout (peft hands dropout contiguous inputs)."""
+    """(x * keep) * scale, contiguous, with the bool `keep` read as uint8 bytes: the same bits, and a vectorized cast
+    where a bool multiply promotes element by element."""
     return keep.view(torch.uint8).to(x.dtype).mul_(x).mul_(scale)
 
 
 class FastDropout(nn.Module):
-    """Inverted dropout whose mask comes from 16 random bits an element, drawn 64 at a time.
+    """Inverted dropout with probability `p` (rounded to a multiple of 1/65536), its mask from 16 random bits an
+    element drawn 64 at a time.
 
-    On a CPU, torch's Bernoulli sampling is about a quarter of a LoRA training step (210 masks a step for
-    SmolLM2); raw 64-bit draws are about 7x cheaper. Same distribution, with the drop probability rounded to a
-    multiple of 1/65536, but another random stream than torch's dropout: `adapter.dropout_mask=fast` is
-    part of the config hash, unlike the speed switches that change no numbers.
-    """
+    Raw draws are far cheaper than torch's Bernoulli masks on a CPU (benchmarks/README.md); another random stream,
+    so adapter.dropout_mask=fast is hashed."""
 
     def __init__(self, p: float):
         super().__init__()
@@ -227,8 +221,8 @@ class FastDropout(nn.Module):
 
 
 def draws(n: int, device: torch.device, compiled: bool) -> torch.Tensor:
-    """n raw 64-bit draws from torch's generator for the device; `compiled`: on the CPU the same draws made on every
-    thread (qft.accel.kernels) wherever that can promise them."""
+    """`n` raw 64-bit draws (int64) from torch's generator for `device`; `compiled`: on a CPU the same draws made on
+    every thread by qft.accel.kernels where it can promise them."""
     bits = None
     if compiled and device.type == "cpu":
         from qft.accel import kernels
@@ -238,7 +232,8 @@ def draws(n: int, device: torch.device, compiled: bool) -> torch.Tensor:
 
 
 def verify(peft_model, plan_: dict[str, dict], use_rslora: bool) -> None:
-    """Every module carries exactly the planned rank and scaling, and nothing else is trainable."""
+    """Raise RuntimeError unless every module of `peft_model` carries exactly the rank and scaling of `plan_` (alpha/r,
+    or alpha/sqrt(r) with `use_rslora`) and nothing else is trainable."""
     base = peft_model.get_base_model()
     for name, s in plan_.items():
         module = base.get_submodule(name)

@@ -12,10 +12,8 @@ os.umask(_UMASK)
 
 
 def write(path: str | Path, fill) -> Path:
-    """`fill(tmp)` writes the content to the temp path `tmp`, which replaces `path` only once `fill` has returned.
-    The temp file sits beside `path` (one file system, so the rename is atomic; mkstemp's name is unique across hosts
-    sharing the folder) and is removed if `fill` fails. It ends in `path`'s suffix, so writers that add one to a
-    name without it (numpy's savez) write to `tmp` itself."""
+    """Write `path` whole or not at all: `fill(tmp)` writes a temp file beside it (same suffix, unique name), which
+    replaces `path` once `fill` returns and is removed if it raises; returns `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)

@@ -18,14 +18,15 @@ class QftError(Exception):
 
 
 def one_of(key: str, value, allowed) -> None:
-    """The commonest check: a value from a fixed list, named in the error."""
+    """Raise QftError naming `key` unless `value` is one of `allowed`."""
     if value not in allowed:
         raise QftError(key, value, f"allowed: {', '.join(map(str, allowed))}")
 
 
 def integer(key: str, value, low: int | None = None, high: int | None = None, what: str | None = None,
             null: bool = False) -> None:
-    """An integer (not a bool) in [low, high]; `null` also allows None. `what` replaces the default wording."""
+    """Raise QftError naming `key` unless `value` is an integer (not a bool) in [`low`, `high`]; `null` also allows
+    None; `what` replaces the default wording."""
     if null and value is None:
         return
     if isinstance(value, bool) or not isinstance(value, int) or (low is not None and value < low) \
@@ -37,8 +38,8 @@ def integer(key: str, value, low: int | None = None, high: int | None = None, wh
 
 def number(key: str, value, above: float | None = None, at_least: float | None = None, what: str | None = None,
            null: bool = False, infinite: bool = False, below: float | None = None) -> None:
-    """A finite real number (not a bool) > `above` or >= `at_least`, and < `below`; `null` also allows None,
-    `infinite` +inf (a limit, such as the simulator's infinite bandwidth)."""
+    """Raise QftError naming `key` unless `value` is a finite real number (not a bool) > `above` or >= `at_least`,
+    and < `below`; `null` also allows None, `infinite` +inf; `what` replaces the default wording."""
     if null and value is None:
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (isinstance(value, float) and (
@@ -51,37 +52,41 @@ def number(key: str, value, above: float | None = None, at_least: float | None =
 
 
 def boolean(key: str, value) -> None:
-    """true or false, never a string: Hydra reads `no` as the text 'no', which Python takes for true."""
+    """Raise QftError naming `key` unless `value` is true or false, never a string: Hydra reads `no` as the text 'no',
+    which Python takes for true."""
     if not isinstance(value, bool):
         raise QftError(key, value, "true or false")
 
 
 def text(key: str, value, what: str = "a non-empty string", null: bool = False) -> None:
-    """A non-empty string; `null` also allows None and the empty string, both meaning unset."""
+    """Raise QftError naming `key` (saying `what` is allowed) unless `value` is a non-empty string; `null` also
+    allows None and the empty string, both meaning unset."""
     if not (null and value in (None, "")) and not (isinstance(value, str) and value.strip()):
         raise QftError(key, value, what + (", or null" if null else ""))
 
 
 def mapping(key: str, value, what: str, null: bool = False) -> None:
+    """Raise QftError naming `key` (saying `what` is allowed) unless `value` is a mapping; `null` also allows None."""
     if not (null and value is None) and not isinstance(value, Mapping):
         raise QftError(key, value, what + (", or null" if null else ""))
 
 
 def listing(key: str, value, what: str) -> None:
-    """A list (OmegaConf's ListConfig included), not a string, which would be walked letter by letter."""
+    """Raise QftError naming `key` (saying `what` is allowed) unless `value` is a list (ListConfig included), not a
+    string, which would be walked letter by letter."""
     if isinstance(value, str) or not isinstance(value, Sequence):
         raise QftError(key, value, what)
 
 
 def integers(key: str, value, low: int, what: str) -> None:
-    """A list of integers >= `low`; the one message names the whole rule."""
+    """Raise QftError naming `key` (saying `what` is allowed) unless `value` is a list of integers >= `low`."""
     listing(key, value, what)
     for item in value:
         integer(key, item, low, what=what)
 
 
 def fail(prog: str, e: QftError) -> int:
-    """How every CLI ends on bad input: the one line on stderr, exit status 2."""
+    """Print QftError `e` as one line on stderr after `prog`'s name; returns 2, the exit status of bad input."""
     import sys
 
     print(f"{prog}: error: {e}", file=sys.stderr)

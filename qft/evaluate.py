@@ -1,13 +1,8 @@
 """Accuracy by scoring: each candidate label word's log-likelihood at the answer position, best one wins.
 
-The same scorer gives zero-shot accuracy before training and the final accuracy after, so the two are
-comparable. Multi-token label words are scored exactly (sum of token log-probs) by extending a KV cache
-of the prompt once per candidate, rather than re-running the prompt.
-
-The `evaluate` config group adds a public benchmark after training: `evaluate=mmlu` scores the adapted,
-quantized model in memory on MMLU through lm-eval-harness (its `mmlu` task's prompt, few-shot examples and
-log-likelihood scoring), so the number is comparable with published lm-eval MMLU results; the questions come
-from a local copy of the original CSVs, never from a hub.
+One scorer for zero-shot and final accuracy, so the two compare; multi-token labels are scored exactly from the
+prompt's KV cache. The `evaluate` group adds MMLU after training, scored in memory through lm-eval-harness (its own
+prompt, shots and scoring, so published lm-eval figures compare) from a local copy of the CSVs.
 """
 
 from __future__ import annotations
@@ -36,7 +31,8 @@ from qft.model import autocast, device_of
 @torch.no_grad()
 def label_scores(model, prompts: list[list[int]], label_tokens: list[list[int]], pad_id: int,
                  batch_size: int, dtype: torch.dtype) -> torch.Tensor:
-    """(n, n_labels) log-likelihood of each label word after each prompt."""
+    """The (n, n_labels) log-likelihood of each of `label_tokens` after each of `prompts` (token ids, left-padded
+    with `pad_id`), scored by `model` in batches of `batch_size` under autocast in `dtype`."""
     was_training = model.training
     model.eval()
     dev = device_of(model)
@@ -68,7 +64,8 @@ def label_scores(model, prompts: list[list[int]], label_tokens: list[list[int]],
 
 @torch.no_grad()
 def exact_match(model, split: Split, tokenizer, batch_size: int, dtype: torch.dtype) -> list[bool]:
-    """Greedy generation compared with the reference answer, whitespace-stripped."""
+    """For each example of `split`, whether `model`'s greedy generation (decoded by `tokenizer`, batches of
+    `batch_size`, autocast in `dtype`) equals its reference answer, whitespace-stripped."""
     was_training = model.training
     model.eval()
     dev = device_of(model)
@@ -86,15 +83,16 @@ def exact_match(model, split: Split, tokenizer, batch_size: int, dtype: torch.dt
 
 
 def example_ids(split: Split) -> np.ndarray:
-    """A stable id for each example: the first 16 hex digits of the sha256 of its prompt's token ids (with its index
-    in the split, it names the example across runs; two configurations agree on it iff they saw the same prompt)."""
+    """A stable id for each example of `split`: 16 hex digits of the sha256 of its prompt's token ids. With the index
+    it names the example across runs: two configurations agree on it iff they saw the same prompt."""
     return np.asarray([hashlib.sha256(np.asarray(p, dtype=np.int64).tobytes()).hexdigest()[:16] for p in split.prompts],
                       dtype=np.str_)
 
 
 def score(model, task: Task, split_name: str, tokenizer, batch_size: int, dtype: torch.dtype) -> dict:
-    """Accuracy on a split and what each example got: id, gold label, every candidate's log-likelihood, the
-    prediction and whether it was right (instruction data: exact match only, gold -1)."""
+    """{"accuracy", "examples"} of `model` on `task`'s split `split_name` (`tokenizer`, `batch_size`, `dtype` as in
+    label_scores): each example's id, gold label, every label's log-likelihood, prediction and correctness
+    (instruction data: exact match only, gold -1)."""
     split = task.splits[split_name]
     examples = {"index": np.arange(len(split.prompts), dtype=np.int64), "id": example_ids(split),
                 "gold": np.asarray(split.labels, dtype=np.int64)}
@@ -111,6 +109,7 @@ def score(model, task: Task, split_name: str, tokenizer, batch_size: int, dtype:
 
 
 def accuracy(model, task: Task, split_name: str, tokenizer, batch_size: int, dtype: torch.dtype) -> float:
+    """score(`model`, `task`, `split_name`, `tokenizer`, `batch_size`, `dtype`)'s accuracy."""
     return score(model, task, split_name, tokenizer, batch_size, dtype)["accuracy"]
 
 
@@ -121,7 +120,7 @@ LETTERS = ("A", "B", "C", "D")
 
 
 def mmlu_subjects(folder: Path) -> list[str]:
-    """The subjects that have both a dev and a test CSV, sorted."""
+    """The subjects under `folder` that have both a dev and a test CSV, sorted."""
     if not (folder / "test").is_dir():
         return []
     tests = {p.name[:-len("_test.csv")] for p in (folder / "test").glob("*_test.csv")}
@@ -129,10 +128,8 @@ def mmlu_subjects(folder: Path) -> list[str]:
 
 
 def read_mmlu_csv(path: Path) -> list[dict]:
-    """Rows `question,A,B,C,D,answer` (no header) as cais/mmlu's schema: question, choices, answer index.
-
-    Read with the csv module as strings, as the original loader did (pandas would turn "1.50" into 1.5 and
-    "None" into a missing value)."""
+    """The rows `question,A,B,C,D,answer` (no header) of CSV `path` as cais/mmlu's schema: question, choices, answer
+    index. Read as strings, as the original loader did (pandas would turn "1.50" into 1.5, "None" into missing)."""
     rows = []
     with open(path, encoding="utf-8", newline="") as f:
         for line, row in enumerate(csv.reader(f), 1):
@@ -144,6 +141,7 @@ def read_mmlu_csv(path: Path) -> list[dict]:
 
 
 def _selected(cfg) -> tuple[Path, list[str]]:
+    """(folder, subjects) evaluate group `cfg` selects; raises QftError (evaluate.path, evaluate.subjects)."""
     folder = Path(os.path.expanduser(str(cfg.path)))
     found = mmlu_subjects(folder)
     if not found:
@@ -162,7 +160,8 @@ def _selected(cfg) -> tuple[Path, list[str]]:
 
 
 def check(cfg) -> None:
-    """Validate the evaluate group (None: no benchmark): the data is read here, so a bad CSV fails before training."""
+    """Check evaluate group `cfg` (None: no benchmark), reading its data so a bad CSV fails before training; raises
+    QftError naming the key (evaluate.path, evaluate.subjects, evaluate.benchmark, ...)."""
     if cfg is None:
         return
     schema.check(cfg, "evaluate", only=("benchmark",))
@@ -178,8 +177,8 @@ def check(cfg) -> None:
 
 
 def _task_dir(folder: Path, subjects: list[str], cache_dir) -> Path:
-    """lm-eval task YAMLs over the CSVs converted to cais/mmlu's schema (JSONL), cached by content, so the
-    datasets cache and every sweep job reuse them. lm-eval's own MMLU template gives the prompt."""
+    """The folder under `cache_dir` of lm-eval task YAMLs for `subjects`, over `folder`'s CSVs converted to
+    cais/mmlu's schema (JSONL) and cached by content, so every sweep job reuses them; lm-eval's template prompts."""
     from lm_eval import tasks as lm_tasks
 
     template = Path(lm_tasks.__file__).parent / "mmlu" / "default" / "_default_template_yaml"
@@ -212,7 +211,8 @@ def _task_dir(folder: Path, subjects: list[str], cache_dir) -> Path:
 
 
 def mmlu_results(cfg, model, tokenizer, dtype: torch.dtype, cache_dir) -> dict:
-    """lm-eval's own output (with per-sample log-likelihoods) for MMLU on the in-memory model."""
+    """lm-eval's own output, with per-sample log-likelihoods, for MMLU (evaluate group `cfg`) on in-memory `model`
+    and `tokenizer` under autocast in `dtype`; task files cached under `cache_dir`."""
     import lm_eval
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
@@ -231,8 +231,8 @@ def mmlu_results(cfg, model, tokenizer, dtype: torch.dtype, cache_dir) -> dict:
 
 
 def summarize_mmlu(results: dict) -> dict:
-    """Accuracy over all questions (each question counts once, as lm-eval weights its MMLU groups by size),
-    its standard error, and lm-eval's accuracy per subject."""
+    """Accuracy over all questions of lm-eval `results` (each counts once, as lm-eval weights MMLU's groups), its
+    standard error, and the accuracy per subject."""
     per, correct, n = {}, 0.0, 0
     for task, r in sorted(results["results"].items()):
         k = len(results["samples"][task])
@@ -246,6 +246,7 @@ def summarize_mmlu(results: dict) -> dict:
 
 
 def _version(package: str) -> str | None:
+    """The installed version of `package`, or None."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -255,8 +256,8 @@ def _version(package: str) -> str | None:
 
 
 def benchmarks(cfg, model, tokenizer, dtype: torch.dtype) -> dict:
-    """The result record's benchmark keys for a finished run: {} without one, else {"mmlu": {...}}, with the
-    base model's score (adapters switched off: what fine-tuning started from) when evaluate.before_training."""
+    """The record's benchmark keys for a finished run of config `cfg` on `model`, `tokenizer`, `dtype`: {} without a
+    benchmark, else {"mmlu": {...}}, with the base model's score (adapters off) where evaluate.before_training."""
     ev = cfg.get("evaluate")
     if ev is None:
         return {}

@@ -1,5 +1,5 @@
-"""Result records into one frame, a row a run: the records are the single source of truth, so every table, plot
-and comparison of qft.tools.report, and budget.method=fitted, reads them through `collect`."""
+"""Result records into one pandas frame, a row a run (`collect`): every table, plot and comparison of
+qft.tools.report, and budget.method=fitted, reads the records through it."""
 
 from __future__ import annotations
 
@@ -26,6 +26,8 @@ AXES = {"adapter.attn.r": "attn_r", "adapter.mlp.r": "mlp_r", "adapter.attn.alph
 
 
 def row(rec: dict, path: Path) -> dict:
+    """The frame's row of record `rec` read from `path`: scores, sizes, run kind, the config's axes (AXES) and every
+    config key as `cfg.<key>`, class scores where per-example predictions are kept."""
     params = rec.get("trainable_params") or {}
     per_type = params.get("per_layer_type") or {}
     per_third = params.get("per_depth_group") or {}
@@ -61,12 +63,11 @@ def row(rec: dict, path: Path) -> dict:
 
 def run_kind(execution: dict | None, versions: dict | None = None, history=(), eval_batch: int | None = None
              ) -> str | None:
-    """What the two records of one pair must share (docs/studies.md, "Run kinds"), as one string: the GPU, or the CPU (name, family/model
-    numbers where recorded) and its kind, the thread count, the compute dtype, fused or unfused projections, a
-    pipeline's layers per stage and micro-batches, the torch version, each where recorded, and the evaluation's batch
-    size where given (any of them can move a result's last bits; the batch size moves bf16 label scores through the
-    padding, by up to about 0.3 nats on multi-token labels); a run resumed on another kind names every kind it ran
-    on. None for records made before qft recorded execution."""
+    """The run kind of a record's `execution`, `versions`, `history` (executions of resumed runs) and `eval_batch`:
+    what both records of a pair must share (docs/studies.md, "Run kinds"), as one string; None without execution.
+
+    GPU or CPU (name, id, kind), threads, compute dtype, fusion, pipeline layout, torch version and the evaluation
+    batch size where recorded: each can move a result's last bits. A run resumed on another kind names every kind."""
     if not execution:
         return None
     kinds = sorted({_kind(e, versions) for e in [execution, *history]})
@@ -78,24 +79,25 @@ MIXED = "mixed within one run"  # a run resumed on another kind: it has no one k
 
 
 def kind_name(kind) -> str:
-    """A run kind as tables print it: None (a record made before qft recorded execution) reads "not recorded"."""
+    """Run kind `kind` as tables print it: None reads "not recorded"."""
     return kind if isinstance(kind, str) else "not recorded"
 
 
 def one_kind(kind_a, kind_b) -> bool:
-    """Whether two records ran on one run kind, as the two cells of a pair must (docs/studies.md): the same kind, and
-    not a run resumed across kinds; two records made before qft recorded execution count as one kind."""
+    """Whether run kinds `kind_a` and `kind_b` are one kind, as a pair's cells must be: equal and not resumed across
+    kinds; two None (no execution recorded) count as one."""
     a, b = kind_name(kind_a), kind_name(kind_b)
     return a == b and not a.startswith(MIXED)
 
 
 def record_kind(rec: dict) -> str | None:
-    """A record's run kind, its evaluation batch size read from its config (unhashed, as it changes no training)."""
+    """The run kind of record `rec`, its evaluation batch size read from its config (unhashed: no training change)."""
     return run_kind(rec.get("execution"), rec.get("versions"), rec.get("execution_history") or (),
                     (loaded(rec.get("config") or {}).get("train") or {}).get("eval_batch_size"))
 
 
 def _kind(e: dict, versions: dict | None) -> str:
+    """The run kind string of one execution `e` (torch from `versions` where `e` lacks it)."""
     threads = e.get("threads")
     parts = [e.get("cuda") or " ".join(str(x) for x in (e.get("cpu"), e.get("cpu_id"), e.get("cpu_kind")) if x),
              f"{threads} thread{'' if threads == 1 else 's'}", str(e.get("compute_dtype"))]
@@ -109,8 +111,8 @@ def _kind(e: dict, versions: dict | None) -> str:
 
 
 def class_scores(t: dict | None, labels: list | None) -> dict:
-    """Macro-F1 and each class's accuracy (recall) on a split's per-example predictions: beside accuracy where the
-    classes are unbalanced (Reuters R8's test split is 49% earnings)."""
+    """{acc_class_<label>, n_class_<label>, macro_f1_test} from a split's per-example predictions `t` and class
+    names `labels`; {} where either is missing. For unbalanced classes (Reuters R8's test split: 49% earnings)."""
     if not t or "pred" not in t or not labels:
         return {}
     gold, pred = t["gold"], t["pred"]
@@ -126,6 +128,7 @@ def class_scores(t: dict | None, labels: list | None) -> dict:
 
 
 def collect(paths) -> "pd.DataFrame":
+    """A frame of row() for every record at or under `paths`; an unreadable one is skipped with a line on stderr."""
     import pandas as pd
 
     rows = []

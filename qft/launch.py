@@ -1,11 +1,8 @@
 """One run folder for every process of a `torchrun` launch.
 
-Each process of `torchrun --nproc-per-node N -m qft ...` starts its own Hydra, which names the run folder after the
-second it started in (`outputs/DATE/TIME`): two ranks that start in different seconds would each write to a folder of
-their own, and the first pipeline stage would look in vain for the others' stage files. So rank 0 publishes its folder
-in torchrun's own key-value store (its agent serves it at MASTER_ADDR:MASTER_PORT before any worker starts), and every
-other rank waits for it and runs with it as `hydra.run.dir`. A folder named on the command line needs none of this;
-several processes started without torchrun's store are refused unless one is named.
+Each rank's Hydra names its run folder after the second it started in, so ranks could write to different folders.
+Rank 0 publishes its folder in torchrun's key-value store (`share`) and every other rank runs in it as
+`hydra.run.dir` (`follow`). A folder named on the command line needs none of this.
 """
 
 from __future__ import annotations
@@ -20,16 +17,18 @@ NO_RUN = ("-h", "--help", "--hydra-help", "-c", "--cfg", "--info", "-i", "-sc", 
 
 
 def world() -> tuple[int, int]:
+    """(rank, world size) of this process, from torchrun's environment; (0, 1) without it."""
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
 
 
 def _agrees(argv: list[str]) -> bool:
-    """Whether this launch's ranks must agree on a run folder through the store."""
+    """Whether ranks launched with command line `argv` must agree on a run folder through the store."""
     return world()[1] > 1 and not any(a.startswith(("hydra.run.dir=", "++hydra.run.dir=")) for a in argv) \
         and not set(argv) & {"-m", "--multirun", *NO_RUN}
 
 
 def _store():
+    """A client of torchrun's agent store at MASTER_ADDR:MASTER_PORT."""
     import datetime
 
     import torch.distributed as dist
@@ -39,11 +38,13 @@ def _store():
 
 
 def _key() -> str:
+    """The store key of the run folder, per restart of the launch."""
     return f"qft/run_dir/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"  # a restarted launch agrees anew
 
 
 def follow(argv: list[str]) -> list[str]:
-    """The overrides that put this process in rank 0's run folder (none on rank 0, or where nothing must agree)."""
+    """The Hydra overrides that put this process, launched with `argv`, in rank 0's run folder ([] on rank 0 or
+    where nothing must agree). Raises QftError (hydra.run.dir) for several processes without torchrun's store."""
     if not _agrees(argv):
         return []
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
@@ -56,6 +57,6 @@ def follow(argv: list[str]) -> list[str]:
 
 
 def share(run_dir: Path, argv: list[str]) -> None:
-    """Rank 0's side of follow(): publish its run folder."""
+    """Rank 0's side of follow(): publish `run_dir` in the store where the launch with `argv` must agree."""
     if world()[0] == 0 and _agrees(argv) and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         _store().set(_key(), str(Path(run_dir).resolve()))

@@ -1,12 +1,9 @@
 """Which weights of a decoder are attention or MLP projections, at which depth: the architecture registry.
 
-The registry is the single place that knows module names; quantization, adapters, budgets, the memory model and
-the pipeline all address modules through it. Per `model_type` it names each projection of a decoder layer with its
-layer type, and what a layer holds besides (norms, rotary buffers) that is left alone on purpose. Every weight
-matrix inside a decoder layer must be one of those, or classification fails: a model is never half-adapted.
-Architectures whose projections are fused (Phi-3's qkv_proj and gate_up_proj) or whose MLP is a mixture of
-experts held as 3-D parameters (Mixtral) cannot be given a rank and bits per projection, so they are refused by
-name rather than served in part.
+The registry is the one place that knows module names: per `model_type`, each projection's layer type. Every
+weight matrix in a decoder layer must be one, or classification fails: a model is never half-adapted. Fused
+projections (Phi-3) and 3-D expert weights (Mixtral) are refused by name, as they cannot take a rank and bits per
+projection.
 """
 
 from __future__ import annotations
@@ -25,9 +22,8 @@ _MLP = ("gate_proj", "up_proj", "down_proj")
 
 @dataclass(frozen=True)
 class Architecture:
-    """A decoder qft serves: its projections per layer type, which of them read one input (qft.accel.fuse runs each
-    such group as one), and whether qft.pipeline can cut it into stages (embed -> layers with the causal mask and
-    rotary -> norm -> head, as a pipeline stage runs it)."""
+    """A decoder qft serves: its projections per layer type, the groups of them that read one input (qft.accel.fuse
+    runs each as one), and whether qft.pipeline can cut it into stages (embed -> layers -> norm -> head)."""
 
     attn: tuple[str, ...] = _ATTN
     mlp: tuple[str, ...] = _MLP
@@ -58,7 +54,8 @@ _IN_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
 def architecture(model_type: str) -> Architecture:
-    """The registry entry, or one line saying why this architecture is refused or unknown."""
+    """The registry's Architecture of `model_type`; raises QftError (model.model_type) where it is refused or
+    unknown."""
     if model_type in REFUSED:
         raise QftError("model.model_type", model_type, f"refused: {REFUSED[model_type]}; served: "
                                                        f"{', '.join(sorted(REGISTRY))}")
@@ -81,12 +78,13 @@ class Layer:
 
 
 def _is_linear(module: nn.Module) -> bool:
+    """Whether `module` is a linear layer, plain or bitsandbytes'."""
     return isinstance(module, nn.Linear) or type(module).__name__ in ("Linear4bit", "Linear8bitLt")
 
 
 def classify(model: nn.Module, model_type: str) -> list[Layer]:
-    """Every attention and MLP projection of the model, in module order; every other weight matrix inside a decoder
-    layer is an error, never silently left out."""
+    """The Layer of every attention and MLP projection of `model`, in module order, per the registry entry of
+    `model_type`; raises QftError on any other weight matrix inside a decoder layer."""
     linear = [(n, m) for n, m in model.named_modules() if _is_linear(m)]
     found = sorted({re.sub(r"\.\d+\.", ".*.", n) for n, _ in linear})
     if model_type not in REGISTRY:
@@ -117,15 +115,16 @@ def classify(model: nn.Module, model_type: str) -> list[Layer]:
 
 
 def num_layers(layers: list[Layer]) -> int:
+    """The number of decoder layers `layers` span (deepest depth + 1)."""
     return max(layer.depth for layer in layers) + 1
 
 
 def check_spec(spec, group: str, fields: dict, depth: int | None = None, other_keys: tuple = ()) -> None:
-    """Check a per-layer-type spec (`attn`, `mlp`, `projections`, `depth_groups`) before anything loads.
+    """Check per-layer-type `spec` (attn, mlp, projections, depth_groups) of config `group` before anything loads,
+    depth groups against `depth` layers where known; raises QftError naming the key.
 
-    `fields` maps each allowed setting to a checker `(key, value) -> None` that raises QftError;
-    `other_keys` are the group's own settings, checked by its module.
-    """
+    `fields`: each allowed setting's checker `(key, value)`; `other_keys`: the group's own settings, checked by its
+    module."""
     allowed = (*LAYER_TYPES, "projections", "depth_groups", *other_keys)
     settings = f"a map of settings ({', '.join(fields)})"
     for key in spec:
@@ -174,12 +173,10 @@ def check_spec(spec, group: str, fields: dict, depth: int | None = None, other_k
 
 
 def resolve(spec, layers: list[Layer], fields) -> dict[str, dict]:
-    """Per-module settings of the `fields` a spec sets: {module name: {field: value}}.
+    """{module name: {field: value}} of the `fields` that `spec` sets for each of `layers`.
 
-    Resolution order, each step overriding the one before: the layer type's settings, then the projection's, then
-    every depth group that covers the module, in the order the groups are written (the config's order): where
-    groups overlap, the later one wins. tests/test_adapter.py and tests/test_quant.py hold the rule.
-    """
+    Each step overrides the one before: the layer type's settings, the projection's, then every depth group covering
+    the module in the order written, so where groups overlap the later one wins."""
     out = {}
     groups = list((spec.get("depth_groups") or {}).values())
     for layer in layers:
@@ -200,6 +197,6 @@ def resolve(spec, layers: list[Layer], fields) -> dict[str, dict]:
 
 
 def depth_thirds(depth: int) -> dict[str, tuple[int, int]]:
-    """Shallow / middle / deep thirds of the stack, the default depth groups of records and sweeps."""
+    """{"shallow", "middle", "deep": (first, last) layer} thirds of a `depth`-layer stack: the default depth groups."""
     a, b = round(depth / 3), round(2 * depth / 3)
     return {"shallow": (0, a - 1), "middle": (a, b - 1), "deep": (b, depth - 1)}

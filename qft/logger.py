@@ -13,6 +13,7 @@ from qft.errors import QftError
 
 
 def check(cfg) -> None:
+    """Check logger group `cfg`; raises QftError naming the key."""
     schema.check(cfg, "logger")
 
 
@@ -27,6 +28,9 @@ class Tracker:
 
 
 class TensorBoard(Tracker):
+    """Event files in `folder`; raises QftError (logger.kind) where neither torch's writer nor tensorboardX is
+    installed."""
+
     def __init__(self, folder: Path):
         try:
             from torch.utils.tensorboard import SummaryWriter
@@ -50,6 +54,9 @@ class TensorBoard(Tracker):
 
 
 class MLflow(Tracker):
+    """An MLflow run named `run_name` in `experiment`, at logger group `cfg`'s tracking URI; raises QftError
+    (logger.kind) without mlflow."""
+
     def __init__(self, cfg, run_name: str, experiment: str):
         try:
             import mlflow
@@ -73,6 +80,8 @@ class MLflow(Tracker):
 
 
 def make(cfg, run_dir: Path, experiment: str | None) -> Tracker:
+    """The tracker logger group `cfg` asks for (tensorboard under `run_dir` by default, mlflow in `experiment`), or the
+    no-op Tracker."""
     if cfg.kind == "tensorboard":
         return TensorBoard(Path(cfg.dir) if cfg.get("dir") else run_dir / "tensorboard")
     if cfg.kind == "mlflow":

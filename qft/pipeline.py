@@ -2,18 +2,9 @@
 
     torchrun --nproc-per-node 2 -m qft offload=pipeline offload.stages=2 [offload.schedule=gpipe]
 
-Each process builds the same quantized, adapter-wrapped model (so every LoRA weight starts exactly as in a
-single-process run), keeps only its stage's layers, and trains them with qft.train's one loop, supplying only the
-forward-backward: torch.distributed.pipelining's GPipe or 1F1B schedule over each micro-batch's pipeline
-micro-batches (gloo on CPU, NCCL on GPUs). Each stage checkpoints its own part (checkpoint/stage-N). Gradients are clipped by the global
-norm across stages and every stage steps its own AdamW, so with dropout off the loss curve and the adapter
-match the single-process run to numerical tolerance. With dropout on, each stage draws its layers' masks from its
-own process's random stream, so the stage layout changes the masks (a tiny model's loss moves by 1e-3 from the
-second step, once LoRA's B is no longer zero): the record's `execution.pipeline` names the layout, and the report
-calls a comparison across layouts not comparable, as across CPU kinds. Afterwards the stages' adapter weights are
-gathered on rank 0, which scores and records the run as usual.
-
-The stage boundaries come from `qft.planning.stages.plan`, balanced on per-stage peak memory.
+Each process builds the same adapted model, keeps its stage's layers (qft.planning.stages.plan) and trains them with
+qft.train's loop, supplying only the forward-backward (torch.distributed.pipelining); rank 0 gathers the adapter and
+scores. Dropout masks depend on the stage layout (docs/memory.md).
 """
 
 from __future__ import annotations
@@ -38,7 +29,9 @@ from qft.planning.stages import Plan
 # --------------------------------------------------------------------------- processes
 
 def init(cfg, device: torch.device) -> torch.device:
-    """Join the process group torchrun set up; one device per stage."""
+    """Join the process group torchrun set up (gloo, or NCCL on a CUDA `device`); returns this rank's device.
+
+    Raises QftError (offload.stages) where the process count is not `cfg.offload.stages`."""
     import torch.distributed as dist
 
     rank, size = world()
@@ -55,7 +48,8 @@ def init(cfg, device: torch.device) -> torch.device:
 
 
 class Stage(nn.Module):
-    """Layers [lo, hi) of a LLaMA-family decoder, plus the embedding (first) or norm + head (last)."""
+    """Layers [`lo`, `hi`) of LLaMA-family decoder `base`, plus the embedding (`first`) or norm + head (`last`),
+    computing under autocast in `dtype`, with activation offload `hooks` where given."""
 
     def __init__(self, base, lo: int, hi: int, first: bool, last: bool, dtype: torch.dtype, hooks=None):
         super().__init__()
@@ -86,8 +80,8 @@ class Stage(nn.Module):
 
 
 def stage_of(net, the_plan: Plan, rank: int, dtype, device, offloaded: bool, the_route: str = "host") -> Stage:
-    """This rank's stage, on its device; the other ranks' layers are dropped (rank 0 keeps the whole model
-    on the host, to score it once the adapter weights are gathered)."""
+    """The Stage of `rank` under `the_plan`, computing in `dtype` on `device`, its activations `offloaded` by
+    `the_route`; `net` drops other ranks' layers except on rank 0, which keeps the whole model to score it."""
     base = net.get_base_model()
     lo, hi = the_plan.layers[rank]
     p = len(the_plan.layers)
@@ -102,7 +96,8 @@ def stage_of(net, the_plan: Plan, rank: int, dtype, device, offloaded: bool, the
 
 
 def _global_clip(params, max_norm: float, group=None) -> float:
-    """clip_grad_norm_ over the parameters of every stage: the norm of one model, not of each piece; returns it."""
+    """Clip the gradients of `params` to `max_norm` by the norm over every stage's (all-reduced over `group`): the
+    norm of one model, not of each piece; returns it."""
     import torch.distributed as dist
 
     grads = [p.grad for p in params if p.grad is not None]
@@ -119,10 +114,12 @@ def _global_clip(params, max_norm: float, group=None) -> float:
 
 
 def train(net, task, cfg, the_plan: Plan, dtype, pad_id: int, job, device: torch.device):
-    """This rank's stage trained by qft.train.train's loop (same batches, loss, clipping, AdamW, schedule and
-    checkpoints, one folder per stage), with the pipeline's forward-backward. `job` is the run's qft.train.Job; the
-    stages cannot score the model mid-run (its weights are spread over them), so `job.evaluate` is not called, and
-    only rank 0 tracks metrics. Returns the history, the stage, and every stage's measured memory."""
+    """Train this rank's stage of `net` on `task` by qft.train.train (train group `cfg.train`, one checkpoint folder
+    a stage); returns (history, stage, every stage's measured memory).
+
+    `the_plan`: the stages; `dtype`, `pad_id`, `device`: as one process's; `job`: the run's qft.train.Job, without
+    `evaluate` (the weights are spread) and tracked on rank 0 only. Raises QftError (train.resume) where the stages'
+    checkpoints are at different steps."""
     import torch.distributed as dist
 
     rank, p = world()
@@ -160,8 +157,9 @@ def train(net, task, cfg, the_plan: Plan, dtype, pad_id: int, job, device: torch
 
 
 def forward_backward(stage: Stage, task, ocfg, dtype, pad_id: int, device: torch.device):
-    """One micro-batch of training examples through the pipeline schedule (itself cut into `ocfg.micro_batches`):
-    qft.train.Step's forward_backward; only the last stage knows the loss (the others return 0)."""
+    """The Step.forward_backward of `stage` on `device`: one micro-batch of `task`'s train split (padded with
+    `pad_id`, autocast in `dtype`) through the schedule `ocfg.schedule` in `ocfg.micro_batches`; the last stage
+    returns the loss, the others 0."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
     from qft.data import batch
@@ -207,7 +205,7 @@ def forward_backward(stage: Stage, task, ocfg, dtype, pad_id: int, device: torch
 
 
 def gather(net, stage: Stage, run_dir: Path) -> None:
-    """Bring every stage's trained adapter weights into rank 0's whole model (through the run directory)."""
+    """Copy every `stage`'s trained adapter weights into rank 0's whole `net`, through files under `run_dir`."""
     import torch.distributed as dist
     from safetensors.torch import load_file, save_file
 

@@ -33,13 +33,13 @@ _ORDERED = schema.ORDERED
 
 
 def resolved(cfg) -> dict:
+    """`cfg` as a plain dict, interpolations resolved."""
     return OmegaConf.to_container(cfg, resolve=True)
 
 
 def inputs(cfg) -> dict:
-    """What a run reads besides its config, by content: the data-format version, a local data file, a local model
-    (file or folder) or the packaged GGUF, and the records a fitted budget solves its ranks from. Digests are
-    memoised by (path, size, mtime) in the cache, so a sweep reads each file once."""
+    """{input: digest} of what a run of `cfg` reads besides its config: the data-format version, a local data file,
+    a local model or the packaged GGUF, and the records a fitted budget solves from (digests memoised in the cache)."""
     cache = Path(os.path.expanduser(str(cfg.cache_dir)))
     out = {"data_format": data.FORMAT}
     if cfg.data.source == "local" and cfg.data.path:
@@ -60,9 +60,9 @@ def inputs(cfg) -> dict:
 
 
 def config_hash(cfg, ignore: tuple = (), inputs_: dict | None = None) -> str:
-    """sha256 of what a run computes: its config less the keys that change only how it runs, with depth groups in
-    their order and 16.0 as 16, plus its `inputs` (computed for a live config; a record passes its own).
-    `ignore` drops more top-level keys (the report pools seeds so)."""
+    """The sha256 of what a run of `cfg` computes: the config less the keys that change only how it runs (depth
+    groups in order, 16.0 as 16), plus `inputs_` (default: inputs(cfg); a record passes its own).
+    `ignore`: more top-level keys to drop (the report pools seeds so)."""
     live = not isinstance(cfg, dict)
     conf = resolved(cfg) if live else copy.deepcopy(cfg)
     for key in ignore:
@@ -96,8 +96,8 @@ KIND_ONLY = (("quant", "compute_dtype"), ("device",))
 
 
 def cell_key(config: dict, inputs_: dict | None = None) -> str:
-    """What a study's cell is, whatever kind ran it: the config hash of a record's config less its seed and the
-    KIND_ONLY keys, so a bf16 seed and an fp32 seed of one configuration are seeds of one cell (docs/records.md)."""
+    """The cell of a study a record's `config` (with its `inputs_`) belongs to, whatever kind ran it: the config hash
+    less the seed and the KIND_ONLY keys, so a bf16 and an fp32 seed of one configuration share a cell."""
     conf = copy.deepcopy(config)
     conf.pop("seed", None)
     for path in KIND_ONLY:
@@ -108,7 +108,7 @@ def cell_key(config: dict, inputs_: dict | None = None) -> str:
 
 
 def _numbers(x):
-    """16.0 -> 16, so a value typed either way hashes alike."""
+    """`x` with every integral float made an int (16.0 -> 16), nested; a value typed either way hashes alike."""
     if isinstance(x, float) and x.is_integer():
         return int(x)
     if isinstance(x, dict):
@@ -119,12 +119,14 @@ def _numbers(x):
 
 
 def _get(conf: dict, path: tuple):
+    """The value at key `path` in nested dict `conf`, or None."""
     for k in path:
         conf = conf.get(k) if isinstance(conf, dict) else None
     return conf
 
 
 def versions_of(packages) -> dict:
+    """{package: installed version, or None} for each of `packages`."""
     out = {}
     for pkg in packages:
         try:
@@ -135,6 +137,7 @@ def versions_of(packages) -> dict:
 
 
 def versions() -> dict:
+    """The versions a record keeps: Python and the training stack's packages."""
     return {"python": platform.python_version(),
             **versions_of(("torch", "transformers", "peft", "bitsandbytes", "datasets", "hydra-core"))}
 
@@ -158,8 +161,8 @@ def cpu_kind() -> tuple[str, str]:
 
 
 def cpu_id() -> str | None:
-    """The CPU's family, model and stepping numbers (x86 /proc/cpuinfo): a hypervisor may name every AMD EPYC
-    generation "AMD EPYC", and the numbers tell a Zen 4 from a Zen 5. None where the file does not say."""
+    """"family F model M stepping S" from /proc/cpuinfo (x86), or None where it does not say: a hypervisor may give
+    every CPU generation one model name, and the numbers tell them apart."""
     info = _cpuinfo()
     if "cpu family" not in info or "model" not in info:
         return None
@@ -167,8 +170,8 @@ def cpu_id() -> str | None:
 
 
 def _code_identity() -> dict:
-    """qft's commit, whether qft/ or conf/ differed from it, and a digest of the qft/ and conf/ files as this
-    process read them at import: the code that runs, even when the checkout moves on during a sweep."""
+    """{commit, edits (whether qft/ or conf/ differ from it), digest of qft/ and conf/ as read at import}: the code
+    that runs, even when the checkout moves on during a sweep."""
     root = Path(__file__).resolve().parent.parent
     files = sorted([*(root / "qft").rglob("*.py"), *(root / "conf").rglob("*.yaml")])
     digest = hashlib.sha256(b"".join(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes()
@@ -194,8 +197,8 @@ SWITCHES = tuple(k for k in schema.cpu_only("accel") if k != "fuse_projections")
 
 
 def execution(cfg) -> dict:
-    """What executed a run, outside its hash: qft's code (commit, edits, source digest, as imported), the CPU and
-    its kind, the thread count and the compute dtype. One comparison must not mix CPU kinds or compute dtypes."""
+    """What executes a run of `cfg`, outside its hash: qft's code (_code_identity), the CPU and its kind, the thread
+    count and the compute dtype. One comparison must not mix CPU kinds or compute dtypes."""
     import torch
 
     cpu, kind = cpu_kind()
@@ -212,8 +215,8 @@ EXAMPLES = "examples.npz"
 
 
 def write_examples(run_dir: Path, examples: dict, label_words: list) -> str | None:
-    """Per-example scores ("final.test" -> {index, id, gold, loglik, pred, correct}) beside the record, atomically,
-    as one npz (no pickle); returns its file name for the record."""
+    """Write `examples` ("final.test" -> {index, id, gold, loglik, pred, correct}) and `label_words` into `run_dir`
+    atomically as one npz (no pickle); returns its file name for the record."""
     if not examples:
         return None
     arrays = {f"{phase}.{k}": v for phase, cols in examples.items() for k, v in cols.items()}
@@ -223,7 +226,7 @@ def write_examples(run_dir: Path, examples: dict, label_words: list) -> str | No
 
 
 def read_examples(run_dir: Path, rec: dict | None = None) -> dict | None:
-    """{"final.test": {column: array}, ...} of a run, or None for records made before they were kept."""
+    """{"final.test": {column: array}, ...} of record `rec` in `run_dir`, or None where the record names none or it is gone."""
     rec = rec if rec is not None else read(run_dir)
     name = (rec or {}).get("examples")
     if not name or not (Path(run_dir) / name).is_file():
@@ -238,9 +241,9 @@ def read_examples(run_dir: Path, rec: dict | None = None) -> dict | None:
 
 
 def reset_peak_memory(device) -> None:
-    """Start this run's peak afresh: a sweep runs its jobs in one process, whose lifetime peak (ru_maxrss) would
-    carry an earlier job's peak into every later record. Linux resets the resident high-water mark (VmHWM) on
-    writing 5 to clear_refs; elsewhere the lifetime peak stays what is recorded."""
+    """Restart the peak memory count on `device` (Linux: VmHWM, by writing 5 to clear_refs; CUDA: its peak stats).
+
+    A sweep's jobs share one process, whose lifetime peak would carry into every later record; elsewhere it does."""
     try:
         Path("/proc/self/clear_refs").write_text("5")
     except OSError:
@@ -252,6 +255,7 @@ def reset_peak_memory(device) -> None:
 
 
 def _vm_hwm() -> int | None:
+    """This process's resident high-water mark in bytes (/proc/self/status), or None."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("VmHWM:"):
@@ -262,7 +266,8 @@ def _vm_hwm() -> int | None:
 
 
 def peak_memory(device) -> dict:
-    """Peak resident set of this process since the run began (CPU), or peak allocated tensors (CUDA), in bytes."""
+    """{"peak_rss_bytes": peak resident set since reset_peak_memory} plus, on a CUDA `device`, the peak allocated
+    bytes."""
     out = {"peak_rss_bytes": _vm_hwm() or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
     if getattr(device, "type", device) == "cuda":
         import torch
@@ -272,7 +277,8 @@ def peak_memory(device) -> dict:
 
 
 def flatten(d: dict, prefix: str = "") -> dict:
-    """Dotted keys for nested config, for tables and trackers; lists stay JSON strings."""
+    """Nested dict `d` flattened to dotted keys (after `prefix`), lists and empty dicts as JSON strings: for tables
+    and trackers."""
     out = {}
     for k, v in d.items():
         key = f"{prefix}{k}"
@@ -284,10 +290,12 @@ def flatten(d: dict, prefix: str = "") -> dict:
 
 
 def write(run_dir: Path, record: dict) -> Path:
+    """Write `record` as RECORD in `run_dir`, atomically; returns its path."""
     return atomic.write(run_dir / RECORD, lambda tmp: Path(tmp).write_text(json.dumps(record, indent=1)))
 
 
 def read(run_dir: Path) -> dict | None:
+    """The record in `run_dir`, or None where there is none or it is unreadable."""
     path = Path(run_dir) / RECORD
     try:
         return json.loads(path.read_text())

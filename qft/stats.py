@@ -1,26 +1,10 @@
 """The statistics every verdict uses, from scipy and statsmodels: Welch over seeds, a paired comparison over seeds and
 test examples, Holm across a declared family, TOST equivalence, three verdicts, and the power of a design.
 
-Why the paired model: two configurations scored on the same test examples with the same seeds differ by
-D[s, i] = c_A[s, i] - c_B[s, i] (per-example correctness, or the gold label's log-likelihood). Its mean has three
-sources of noise: the seed (training runs differ, a_s), the example (a finite test set, b_i, shared by every seed)
-and their interaction (e_si). A bootstrap over 3 seeds has 10 distinct resamples and a t-test over seeds alone
-ignores b_i, so we use the two-way crossed random-effects model D = mu + a_s + b_i + e_si, whose ANOVA
-mean squares give the variance of the mean difference, (MS_seed + MS_example - MS_residual) / (S N). Its interval
-and p-values come from the generalized pivotal quantity over those mean squares (`generalized`), not from
-Satterthwaite's t, which rejected too often at the Holm levels verdicts use. In a balanced crossed design these moment estimates are the REML ones where they
-are positive (Searle, Casella & McCulloch, Variance Components, ch. 4); with one seed (a zero-shot cell, one
-deterministic evaluation) the model is the paired t-test over examples. tests/test_stats.py checks the intervals'
-coverage on 1,000 simulated studies with normal seed and example effects: 3 seeds x 200 binary examples, 3 x 1,000
-and 5 x 1,000 at the committed components. On the committed records' own shape (5 x 2,160 sparse -1/0/+1
-differences, about 4% discordant where the difference is near 0.02, a seed moving which way the discordant examples
-go; experiments/finding2/size_check.py) TOST keeps its level, the difference test about its level (up to 0.081
-at 0.05 where each seed goes one way or the other), and the mean's pivot's minimum-effect test at the margin leans
-liberal as the seed component grows (a difference cannot exceed the discordance, so the seed means are skewed away
-from it): so on correctness records the minimum-effect p is `beyond_correct`'s, which also reads a pivot on each
-seed's split of its discordant examples and holds its level there (tests/test_size.py, `make reproduce`). The
-pivots' p-values come from fixed streams of 20,000 draws: the smallest (below 0.001) read about a tenth high, the
-safe side.
+A paired comparison is the two-way crossed random-effects model over seeds and test examples, its interval and
+p-values from a generalized pivotal quantity over the ANOVA mean squares, with fixed random streams so the same
+records give the same numbers. Why this model, and its measured size and coverage: docs/studies.md, "The paired
+model".
 """
 
 from __future__ import annotations
@@ -42,9 +26,9 @@ VERDICTS = ("differs", "equivalent", "inconclusive")
 
 @dataclass
 class Comparison:
-    """One contrast: A - B with its standard error, degrees of freedom, 95% interval and p-values (two-sided for a
-    difference, TOST for equivalence within +-margin, a minimum-effect test for a difference beyond +-margin);
-    `p_adj`, `p_tost_adj` and `p_beyond_adj` are filled in across a family."""
+    """One contrast A - B: difference, standard error, degrees of freedom, 95% interval and p-values (two-sided for a
+    difference, TOST within +-margin, minimum-effect beyond +-margin); `p_adj`, `p_tost_adj` and `p_beyond_adj` are
+    filled in across a family (holm)."""
 
     diff: float
     se: float
@@ -103,6 +87,8 @@ class Comparison:
 
 def _finish(diff: float, se: float, df: float, margin: float, method: str, n_seeds: int, n_examples=None,
             level: float = 0.95) -> Comparison:
+    """The Comparison of difference `diff` with standard error `se` at `df` degrees of freedom (t-based interval at
+    `level`, p, TOST and minimum-effect p against `margin`), labelled `method`, `n_seeds`, `n_examples`."""
     if not (math.isfinite(se) and math.isfinite(diff)):  # nothing to judge by: no claim either way
         return Comparison(diff, se, df, -math.inf, math.inf, 1.0, 1.0, margin, method, n_seeds, n_examples)
     if se == 0:  # every paired difference identical: the difference is exact
@@ -120,8 +106,8 @@ def _finish(diff: float, se: float, df: float, margin: float, method: str, n_see
 
 
 def welch(a, b, margin: float = 0.02) -> Comparison:
-    """Seed-level comparison of two configurations (per-seed scores, unpaired), Welch-Satterthwaite degrees of freedom
-    (scipy's ttest_ind, equal_var=False). For records without per-example scores."""
+    """The Welch comparison of per-seed scores `a` and `b` (unpaired; TOST against `margin`): for records without
+    per-example scores. Raises ValueError with fewer than two seeds a side."""
     a, b = np.asarray(a, float), np.asarray(b, float)
     if len(a) < 2 or len(b) < 2:
         raise ValueError("Welch needs at least two seeds a side")
@@ -129,7 +115,7 @@ def welch(a, b, margin: float = 0.02) -> Comparison:
 
 
 def _mean_squares(d: np.ndarray) -> tuple[float, float, float]:
-    """The two-way ANOVA mean squares (seed, example, residual) of an (S >= 2 seeds x N examples) matrix."""
+    """The two-way ANOVA mean squares (seed, example, residual) of `d`, an (S >= 2 seeds x N examples) matrix."""
     s, n = d.shape
     mean, rows, cols = d.mean(), d.mean(1), d.mean(0)
     ms_s = n * ((rows - mean) ** 2).sum() / (s - 1)
@@ -139,9 +125,8 @@ def _mean_squares(d: np.ndarray) -> tuple[float, float, float]:
 
 
 def crossed(d: np.ndarray) -> tuple[float, float, float, dict]:
-    """Mean of an (S seeds x N examples) matrix of paired differences, the standard error of that mean under the
-    crossed random-effects model, its Satterthwaite degrees of freedom, and the variance components (the power
-    planner's inputs; a paired comparison's interval and p-values come from `generalized`)."""
+    """(mean, standard error, Satterthwaite df, variance components) of `d`, an (S seeds x N examples) matrix of
+    paired differences, under the crossed random-effects model: the power planner's inputs."""
     d = np.asarray(d, float)
     if d.ndim == 1:
         d = d[None, :]
@@ -165,8 +150,8 @@ def crossed(d: np.ndarray) -> tuple[float, float, float, dict]:
 
 
 def paired(a: np.ndarray, b: np.ndarray, margin: float = 0.02) -> Comparison:
-    """A - B on the same examples and seeds: `a` and `b` are (S x N) per-example scores (rows: seeds in the same order;
-    a row of b may be one evaluation repeated, as for a zero-shot cell)."""
+    """The Comparison A - B of per-example scores `a` and `b` (S seeds x N examples, rows in one seed order; a row of
+    b may be one evaluation repeated, as for a zero-shot cell), against `margin`, by `generalized`."""
     a, b = np.atleast_2d(np.asarray(a, float)), np.atleast_2d(np.asarray(b, float))
     if a.shape[1] != b.shape[1]:
         raise ValueError(f"paired needs the same examples: {a.shape[1]} against {b.shape[1]}")
@@ -188,10 +173,8 @@ def paired(a: np.ndarray, b: np.ndarray, margin: float = 0.02) -> Comparison:
 
 
 def detectable(c: Comparison, alpha: float, power: float = 0.8) -> float | None:
-    """The smallest difference a paired comparison's own design (its seeds, examples and variance components) finds
-    with `power` at level `alpha` (two-sided t at Satterthwaite's df, whose power was within a few points of the
-    generalized interval's, either side, in the simulations so far: tests/test_stats.py checks one point, and
-    experiments/finding1/README.md gives the others); None without components, or above 1."""
+    """The smallest difference the design of Comparison `c` (seeds, examples, variance components) finds with
+    `power` at level `alpha`, by a two-sided t at Satterthwaite's df; None without components, or above 1."""
     if not c.components:
         return None
     se, df = design_se(c.components, c.n_seeds, c.n_examples), design_df(c.components, c.n_seeds, c.n_examples)
@@ -202,15 +185,10 @@ GPQ_DRAWS = 20_000
 
 
 def generalized(d: np.ndarray, margin: float, level: float = 0.95) -> tuple[float, float, float, float, float]:
-    """The 95% interval, two-sided p, TOST p and minimum-effect p (a difference beyond ±margin, either side) of the
-    mean of an (S seeds x N examples) matrix of paired differences, from the generalized pivotal quantity R = mean -
-    Z sqrt(V*) with V* = (MS_s (S-1)/U_s + MS_i (N-1)/U_i - MS_e (S-1)(N-1)/U_e) / (S N), U chi-square (Weerahandi
-    1993; Burdick & Graybill 1992). Why not Satterthwaite's t: its degrees of freedom come from the same mean
-    squares as the standard error, so a seed mean square small by chance both narrows the interval and lightens the
-    t's tails; at alpha/6 that rejected a true null 1.4-3.5x too often (the 2026-12-04 statistics review). Z is
-    integrated out (P(R <= r) = E Phi((r - mean)/sqrt(V*))) over a fixed stream of chi-square draws, so the same
-    records always give the same numbers. The minimum-effect p here is the mean's pivot's; `paired` replaces it by
-    `beyond_correct`'s on per-example correctness records, where this one is liberal."""
+    """(low, high, p, TOST p, minimum-effect p) at `level` and `margin` for the mean of `d`, an (S seeds x N examples)
+    matrix of paired differences, from the generalized pivotal quantity R = mean - Z sqrt(V*), V* = (MS_s (S-1)/U_s
+    + MS_i (N-1)/U_i - MS_e (S-1)(N-1)/U_e) / (S N), U chi-square (Weerahandi 1993; Burdick & Graybill 1992), Z
+    integrated out over a fixed stream of draws. Why not Satterthwaite's t: docs/studies.md, "The paired model"."""
     mean, cdf, sd = _pivot(d)
     if cdf is None:  # every paired difference the same: the difference is exact
         return mean, mean, float(mean == 0), float(abs(mean) >= margin), float(abs(mean) <= margin)
@@ -232,8 +210,8 @@ def generalized(d: np.ndarray, margin: float, level: float = 0.95) -> tuple[floa
 
 
 def _pivot(d: np.ndarray):
-    """The mean of a matrix of paired differences, the cdf of its generalized pivotal quantity (`generalized`) and
-    the pivot's standard deviations per draw; cdf None where every difference is the same (nothing to pivot on)."""
+    """(mean, cdf of the generalized pivotal quantity, the pivot's sd per draw) of paired-difference matrix `d`; cdf
+    None where every difference is the same."""
     s, n = d.shape
     mean = d.mean()
     ms_s, ms_i, ms_e = _mean_squares(d)
@@ -253,22 +231,21 @@ def _pivot(d: np.ndarray):
 
 
 def beyond_mean(d: np.ndarray, margin: float) -> float:
-    """The mean's pivot's minimum-effect p (`generalized`'s), without its interval: what the report used on every
-    paired contrast before `beyond_correct`, kept for records other than correctness and for the size test."""
+    """The mean's pivot's minimum-effect p of `d` against `margin` (`generalized`'s, without its interval): for
+    records other than correctness, and the size test."""
     mean, cdf, _ = _pivot(np.asarray(d, float))
     return float(abs(mean) <= margin) if cdf is None else _beyond(mean, cdf, margin)
 
 
 def _beyond(mean: float, cdf, margin: float) -> float:
-    """A minimum-effect p from a pivot's cdf: the chance, at a true difference on the margin on the mean's side, of a
-    pivot at least this far from 0 on either side (the most any difference within the margin gives): P(R <= m) +
-    P(R <= -m) for a mean above 0, mirrored below."""
+    """The minimum-effect p from pivot `cdf` at `margin` m: P(R <= m) + P(R <= -m) for a `mean` above 0, mirrored
+    below: the chance, at a true difference on the margin, of a pivot at least this far from 0 on either side."""
     return min(1.0, cdf(margin) + cdf(-margin) if mean >= 0 else 2 - cdf(-margin) - cdf(margin))
 
 
 def holm(comparisons: list) -> list:
-    """Holm's step-down adjustment (statsmodels) of the difference, equivalence and minimum-effect p-values, each kind
-    across the whole family: a member that could not be computed (None) counts as p = 1, so the family never shrinks."""
+    """`comparisons` with p_adj, p_tost_adj and p_beyond_adj set by Holm's step-down adjustment (statsmodels), each
+    kind across the family; a None member counts as p = 1, so the family never shrinks."""
     from statsmodels.stats.multitest import multipletests
 
     if comparisons:
@@ -282,8 +259,8 @@ def holm(comparisons: list) -> list:
 
 
 def verdict(c: Comparison, alpha: float = 0.05) -> str:
-    """differs: the (adjusted) test rejects no difference; equivalent: TOST rejects a difference of +-margin or more;
-    inconclusive: neither. Unadjusted p-values are used where no family was declared."""
+    """The verdict on Comparison `c` at `alpha`: "differs" (the adjusted test rejects no difference), "equivalent"
+    (TOST rejects +-margin or more) or "inconclusive"; unadjusted p where no family was declared."""
     p = c.p_adj if c.p_adj is not None else c.p
     q = c.p_tost_adj if c.p_tost_adj is not None else c.p_tost
     if p < alpha:
@@ -294,6 +271,7 @@ def verdict(c: Comparison, alpha: float = 0.05) -> str:
 
 
 def describe(c: Comparison) -> str:
+    """Comparison `c` as one line: difference, interval, p, adjusted p and its verdict."""
     word = c.word()
     padj = f", adjusted p {c.p_adj:.3g}" if c.p_adj is not None else ""
     return f"{c.diff:+.4f} [{c.low:+.4f}, {c.high:+.4f}] p {c.p:.3g}{padj}: {word}"
@@ -302,14 +280,14 @@ def describe(c: Comparison) -> str:
 # --------------------------------------------------------------------------- power
 
 def design_se(components: dict, seeds: int, examples: int) -> float:
-    """Standard error of a paired mean difference with `seeds` x `examples`, from crossed variance components."""
+    """The standard error of a paired mean difference over `seeds` x `examples`, from crossed variance `components`."""
     return math.sqrt(components["seed"] / seeds + components["example"] / examples
                      + components["residual"] / (seeds * examples))
 
 
 def design_df(components: dict, seeds: int, examples: int) -> float:
-    """Satterthwaite degrees of freedom of that standard error (expected mean squares at the design); for an unpaired
-    seed-level design (components from records without per-example scores) those of Welch with equal spreads."""
+    """The Satterthwaite df of design_se(`components`, `seeds`, `examples`); for seed-level components (records
+    without per-example scores) those of Welch with equal spreads."""
     if components.get("unpaired"):
         return 2.0 * (seeds - 1)
     ms_s = components["residual"] + examples * components["seed"]
@@ -323,25 +301,24 @@ def design_df(components: dict, seeds: int, examples: int) -> float:
 
 
 def power_difference(delta: float, se: float, df: float, alpha: float) -> float:
-    """Power of the two-sided t-test at level alpha to find a true difference delta (noncentral t, scipy). Both tails
-    are upper tails (P(T < -q; nc) = P(T > q; -nc)): scipy's nct.cdf returns NaN far in the lower tail."""
+    """The power of a two-sided t-test (`se`, `df`) at level `alpha` to find true difference `delta` (noncentral t).
+    Both tails as upper tails: scipy's nct.cdf returns NaN far in the lower tail."""
     q = st.t.ppf(1 - alpha / 2, df)
     nc = delta / se
     return float(st.nct.sf(q, df, nc) + st.nct.sf(q, df, -nc))
 
 
 def smallest_difference(se: float, df: float, alpha: float, power: float = 0.8) -> float | None:
-    """The smallest difference, on a grid of 0.001, that a two-sided t-test of this standard error and df finds with
-    `power` at level `alpha`; None above 1."""
+    """The smallest difference, on a grid of 0.001, that a two-sided t-test of `se` and `df` finds with `power` at
+    level `alpha`; None above 1."""
     if se == 0:
         return 0.0
     return next((d / 1000 for d in range(1, 1001) if power_difference(d / 1000, se, df, alpha) >= power), None)
 
 
 def power_equivalence(margin: float, se: float, df: float, alpha: float, true_diff: float = 0.0) -> float:
-    """Power of TOST at level alpha to show equivalence within +-margin when the true difference is `true_diff`: the
-    Bonferroni lower bound P(upper) + P(lower) - 1, exact to 0.01 from 10 degrees of freedom and conservative below
-    (so the planner may ask for more seeds than equivalence needs at 2-3 seeds)."""
+    """The power of TOST (`se`, `df`, level `alpha`) to show equivalence within +-`margin` at true difference
+    `true_diff`: the Bonferroni lower bound P(upper) + P(lower) - 1 (conservative below 10 df)."""
     q = st.t.ppf(1 - alpha, df)
     upper = st.nct.sf(q, df, (margin - true_diff) / se)  # P(reject diff >= +margin), as an upper tail (see above)
     lower = st.nct.sf(q, df, (true_diff + margin) / se)  # P(reject diff <= -margin)
@@ -351,12 +328,13 @@ def power_equivalence(margin: float, se: float, df: float, alpha: float, true_di
 # --------------------------------------------------------------------------- seed-level summaries
 
 def t_quantile(df: float, level: float = 0.95) -> float:
-    """Two-sided Student t quantile (scipy) for `df` degrees of freedom."""
+    """The two-sided Student t quantile (scipy) at `level` for `df` degrees of freedom."""
     return float(st.t.ppf(0.5 + level / 2, df))
 
 
 def versus_constant(a, c: float, margin: float = 0.02) -> Comparison:
-    """Seeds of a trained configuration against one deterministic evaluation (an untrained cell): one-sample t."""
+    """The one-sample t Comparison of per-seed scores `a` against constant `c` (an untrained cell's one evaluation),
+    TOST against `margin`; raises ValueError with fewer than two seeds."""
     a = np.asarray(a, float)
     if len(a) < 2:
         raise ValueError("needs at least two seeds")
@@ -365,7 +343,7 @@ def versus_constant(a, c: float, margin: float = 0.02) -> Comparison:
 
 
 def seed_summary(g) -> pd.DataFrame:
-    """Test accuracy per group of a pandas groupby over records: number of seeds, mean and standard deviation."""
+    """n_seeds, acc_mean and acc_sd of test accuracy per group of `g`, a pandas groupby over the record frame."""
     import pandas as pd
 
     return pd.DataFrame({"n_seeds": g.acc_test.count(), "acc_mean": g.acc_test.mean(),
@@ -373,7 +351,8 @@ def seed_summary(g) -> pd.DataFrame:
 
 
 def welch_from_summary(mean_a, sd_a, n_a, mean_b, sd_b, n_b, margin: float = 0.02) -> Comparison:
-    """Welch from per-configuration means, SDs and seed counts (scipy's ttest_ind_from_stats)."""
+    """The Welch Comparison from each side's mean, SD and seed count (`mean_a`, `sd_a`, `n_a`; `mean_b`, `sd_b`,
+    `n_b`), TOST against `margin`."""
     va, vb = sd_a ** 2 / n_a, sd_b ** 2 / n_b
     se = math.sqrt(va + vb)
     if se == 0:
@@ -388,28 +367,23 @@ HERMITE = np.polynomial.hermite_e.hermegauss(24)  # nodes and weights of E f(Z),
 
 
 def is_correctness(d) -> bool:
-    """Whether a matrix of paired differences is one of per-example correctness: every entry -1, 0 or +1."""
+    """Whether every entry of paired-difference matrix `d` is -1, 0 or +1 (per-example correctness)."""
     return bool(np.isin(np.asarray(d), (-1.0, 0.0, 1.0)).all())
 
 
 def beyond_correct(d, margin: float) -> float:
-    """The minimum-effect p (a difference beyond ±margin, either side) of an (S >= 2 seeds x N examples) matrix of
-    paired correctness differences (-1, 0, +1): the larger of the mean's pivot's (`beyond_mean`) and the split's pivot's
-    (`_beyond_split`), so a claim beyond the margin needs both, and no p is smaller than before.
+    """The minimum-effect p beyond +-`margin` of `d`, an (S >= 2 seeds x N examples) matrix of correctness
+    differences (-1, 0, +1): the larger of beyond_mean's and _beyond_split's, so a claim needs both. Raises
+    ValueError on another shape, other entries or a negative margin.
 
-    Why not the mean's pivot alone: a difference cannot exceed its discordance, so where a seed moves which way the
-    discordant examples go, seed means are skewed away from that bound, and five seeds that came out high also spread
-    little; at a true difference on the margin the mean's pivot rejected up to 0.106 at 0.05 and 0.038 at 0.01, this
-    test at most 0.041 and 0.0065 (tests/test_size.py: 2,000 studies at each of five seed components 0-3e-4 on finding
-    1's and finding 3's shape, normal seed effects on the split's log-odds). Why not the split's
-    alone: it reads the seeds' spread only, so seeds that agree more than chance allows (constructed records) would
-    pass on it where the mean's pivot, which also reads the examples' noise, would not."""
+    The mean's pivot alone leans liberal here, the split's alone reads only the seeds' spread (docs/studies.md)."""
     d = np.asarray(d, float)
     _check_correct(d, margin)
     return max(beyond_mean(d, margin), _beyond_split(d, margin))
 
 
 def _check_correct(d: np.ndarray, margin: float) -> None:
+    """Raise ValueError unless `d` is a (seeds >= 2, examples >= 1) matrix of -1/0/+1 and `margin` finite, >= 0."""
     if d.ndim != 2 or d.shape[0] < 2 or d.shape[1] < 1:
         raise ValueError(f"beyond_correct: d of shape {d.shape}; allowed: a (seeds >= 2, examples >= 1) matrix")
     if not is_correctness(d):
@@ -419,14 +393,10 @@ def _check_correct(d: np.ndarray, margin: float) -> None:
 
 
 def _beyond_split(d: np.ndarray, margin: float) -> float:
-    """The minimum-effect p of correctness differences from a generalized pivot on each seed's split of its discordant
-    examples. On the log-odds of a seed's split, l_s = log((P_s + 1/2) / (M_s + 1/2)) with P_s and M_s its examples
-    only A or only B gets right, a seed moves every seed's value alike wherever the mean lies. The model: l_s normal
-    with variance tau^2 (the seed) plus the split's binomial variance (mean of 1/(P_s + 1/2) + 1/(M_s + 1/2)); the
-    difference is r E[2 expit(theta + tau Z) - 1], r the discordance. Its generalized pivotal quantity (the lognormal
-    mean's construction, Krishnamoorthy & Mathew 2003) from R_var = (S-1) var(l) / U, U chi-square, R_theta = mean(l)
-    - Z1 sqrt(R_var / S), R_tau^2 = max(R_var - binomial variance, 0), R_r = r - Z2 se(r) (se(r): the crossed model's,
-    over the absolute differences), on a fixed stream of draws, so the same records always give the same number."""
+    """The minimum-effect p beyond +-`margin` of correctness differences `d` from a generalized pivot on each seed's
+    split of its discordant examples, l_s = log((P_s + 1/2) / (M_s + 1/2)), on a fixed stream of draws.
+
+    The model and its pivot (Krishnamoorthy & Mathew 2003): docs/studies.md, "The paired model"."""
     s, n = d.shape
     x = d if d.mean() >= 0 else -d  # the mean's side, as `_beyond` takes it
     plus, minus = (x > 0).sum(1) + 0.5, (x < 0).sum(1) + 0.5

@@ -29,24 +29,20 @@ from qft.model import autocast, device_of
 
 
 def check(cfg, device: str) -> None:
-    """The declared checks of every train key (qft.schema), then what depends on the device."""
+    """Check the train group `cfg` (qft.schema's declared checks) and what `device` allows; raises QftError naming
+    the key (train.optimizer: 8-bit AdamW needs CUDA)."""
     schema.check(cfg, "train")
     if cfg.optimizer != "adamw" and device != "cuda":
         raise QftError("train.optimizer", cfg.optimizer, "8-bit and paged AdamW need CUDA; on CPU use adamw")
 
 
 def freeze_survivors() -> int:
-    """Between a sweep's runs (Hydra's basic launcher runs them in one process): collect the finished run's
-    reference cycles, then put every object still alive out of the garbage collector's sight (`gc.freeze`).
+    """Collect the finished run's reference cycles, then `gc.freeze` what survives; returns the frozen count.
 
-    Once torch, transformers, peft and bitsandbytes are imported a process holds about 530k tracked objects, and
-    every full collection walks them all: 0.2-0.45 s, which fell inside the start-up of half the later runs
-    measured (benchmarks/README.md). Only what is alive after the collection is frozen: the imported stack above
-    all, no finished run's model; but also the config Hydra holds for the job just done (about 2k objects, 0.25 MB),
-    which is then never collected. What the next run makes is collected as usual. Changes no number. No job runs as
-    a thread beside another: Hydra's joblib launcher runs them in processes (loky, whatever its backend says), and
-    qft.run.run refuses a second run in one process. Returns the frozen count.
-    """
+    Called between a sweep's runs in one process, so later full collections skip the imported stack's objects
+    (benchmarks/README.md). What survives includes the config Hydra holds for the job just done, never collected.
+    Safe because no job runs as a thread beside another (joblib's launcher uses processes; run.run refuses a second
+    run in one process)."""
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()
@@ -54,6 +50,8 @@ def freeze_survivors() -> int:
 
 @dataclass
 class History:
+    """A run's training history, stored in its checkpoint and record."""
+
     loss: list = field(default_factory=list)  # [step, mean answer-token loss]
     val_accuracy: list = field(default_factory=list)  # [step, accuracy]
     val_loglik: list = field(default_factory=list)  # [step, mean log-likelihood of the gold label]
@@ -65,6 +63,8 @@ class History:
 
 
 def make_optimizer(cfg, params):
+    """The optimizer `cfg.optimizer` names (adamw, adamw8bit, paged_adamw8bit) over `params`, with `cfg.lr` and
+    `cfg.weight_decay`."""
     kwargs = dict(lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.999))
     if cfg.optimizer == "adamw":
         return torch.optim.AdamW(params, **kwargs)
@@ -74,7 +74,8 @@ def make_optimizer(cfg, params):
 
 
 def lr_factor(cfg, step: int) -> float:
-    """Linear warmup, then cosine or linear decay to zero at `steps` (or constant)."""
+    """The learning-rate factor at `step`: linear warmup over `cfg.warmup_steps`, then `cfg.schedule` (cosine or
+    linear decay to zero at `cfg.steps`, or constant)."""
     if step < cfg.warmup_steps:
         return (step + 1) / cfg.warmup_steps
     if cfg.schedule == "constant":
@@ -84,7 +85,8 @@ def lr_factor(cfg, step: int) -> float:
 
 
 def micro_batch_indices(n: int, batch_size: int, micro_step: int, seed: int) -> list[int]:
-    """Micro-batch number `micro_step` of a seeded epoch-by-epoch shuffle: a pure function, so resume needs no state."""
+    """The example indices of micro-batch `micro_step` (of `batch_size`, from `n` examples) in a shuffle per epoch
+    seeded by `seed`: a pure function, so resume needs no state."""
     bs = min(batch_size, n)
     per_epoch = n // bs
     epoch, j = divmod(micro_step, per_epoch)
@@ -93,11 +95,10 @@ def micro_batch_indices(n: int, batch_size: int, micro_step: int, seed: int) -> 
 
 
 def answer_loss(model, prompts, answers, pad_id: int, dtype: torch.dtype):
-    """Summed cross-entropy over the answer tokens only, and their count.
+    """(summed cross-entropy over the answer tokens, their count, the batch's non-pad tokens) of `model` on
+    `prompts` + `answers` (token id lists), left-padded with `pad_id`, under autocast in `dtype`.
 
-    Sequences are left-padded, so every answer ends at the last column and only the last k+1 positions
-    need logits: the 49k-word head is not run over the prompt.
-    """
+    Left padding ends every answer at the last column, so only the last k+1 positions need logits."""
     dev = device_of(model)
     ids, mask, pos = (t.to(dev) for t in batch([p + a for p, a in zip(prompts, answers)], pad_id))
     k = max(map(len, answers))
@@ -112,6 +113,8 @@ def answer_loss(model, prompts, answers, pad_id: int, dtype: torch.dtype):
 # --------------------------------------------------------------------------- checkpoints
 
 def save_checkpoint(folder: Path, model, opt, sched, history: History, config_hash: str) -> None:
+    """Write `model`'s trainable parameters, the state of `opt` and `sched`, the RNG state and `history` to `folder`,
+    tagged with `config_hash`; each file atomically, older steps' files removed after."""
     folder.mkdir(parents=True, exist_ok=True)
     step = history.step
     trainable = {n: p.detach().cpu().contiguous() for n, p in model.named_parameters() if p.requires_grad}
@@ -136,7 +139,9 @@ def save_checkpoint(folder: Path, model, opt, sched, history: History, config_ha
 
 
 def load_checkpoint(folder: Path, model, opt, sched, config_hash: str, strict: bool = True) -> History | None:
-    """Restore a checkpoint of this config; with strict=False another config's checkpoint is ignored."""
+    """Restore the checkpoint in `folder` into `model`, `opt`, `sched` and the RNG; returns its History, or None
+    where there is none. Raises QftError (train.resume) where it belongs to another `config_hash`, unless `strict`
+    is False: then it is ignored (None)."""
     meta_path = folder / "meta.json"
     if not meta_path.exists():
         return None
@@ -175,8 +180,10 @@ def load_checkpoint(folder: Path, model, opt, sched, config_hash: str, strict: b
 
 def finish_step(history: History, params, opt, sched, mean: float, tokens: int, t0: float, max_grad_norm,
                 bar, clip=torch.nn.utils.clip_grad_norm_) -> None:
-    """Everything after the backward passes of a step, shared by one process and a pipeline stage (which
-    clips by the norm across all stages): NaN check, clipping, AdamW and schedule step, history, progress."""
+    """Finish a step after its backward passes: check `mean` (the step's loss), clip `params` to `max_grad_norm`
+    with `clip`, step `opt` and `sched`, add the step, `tokens` and time since `t0` to `history`, update `bar`.
+
+    Raises FloatingPointError where the loss or the gradient norm is not finite."""
     if not math.isfinite(mean):
         raise FloatingPointError(f"loss is {mean} at step {history.step + 1}")
     norm = float(clip(params, max_grad_norm or math.inf))  # an infinite bound measures the norm and scales nothing
@@ -209,15 +216,10 @@ class Job:
 class Step:
     """How a step's gradients are made: the one part a pipeline replaces.
 
-    `forward_backward(indices, n_answer)` runs one micro-batch of training examples forward and backward, its loss
-    summed over answer tokens and divided by `n_answer` (the step's answer tokens) before backward, and returns
-    (that summed loss as a float, the tokens it read). `around(step, run, opt)` runs a whole step's micro-batches,
-    `run() -> (loss, tokens)`, `step` being the steps done before it and `opt` the optimizer (a pipeline measures
-    memory and broadcasts the loss there).
-    `module` holds the trainable parameters the optimizer steps and a checkpoint stores; `base` is the transformers
-    model whose layers run (gradient checkpointing is switched on there); `clip(params, bound)` clips their
-    gradients and returns the norm.
-    """
+    `module`: the trainable parameters stepped and checkpointed; `base`: the transformers model (gradient
+    checkpointing goes there); `forward_backward(indices, n_answer)`: one micro-batch forward and backward, its answer
+    loss divided by the step's `n_answer` tokens, returning (summed loss, tokens read); `around(step, run, opt)`: runs
+    `run() -> (loss, tokens)` for the whole step; `clip(params, bound)`: clips and returns the norm."""
 
     module: torch.nn.Module
     base: torch.nn.Module
@@ -230,7 +232,8 @@ class Step:
 
 
 def answer_step(model, task: Task, dtype: torch.dtype, pad_id: int, offload_cfg=None) -> Step:
-    """One process's step: answer_loss over each micro-batch of the train split, with activation offload if set."""
+    """The Step of one process: answer_loss of `model` (compute `dtype`, `pad_id`) over micro-batches of `task`'s
+    train split, under activation offload where `offload_cfg` sets it."""
     split = task.splits["train"]
 
     def forward_backward(idx, n_answer):
@@ -244,16 +247,13 @@ def answer_step(model, task: Task, dtype: torch.dtype, pad_id: int, offload_cfg=
 
 
 def train(task: Task, cfg, job: Job, step: Step) -> History:
-    """Fine-tune `step.module`'s trainable (adapter) parameters for `cfg.steps` steps (the train config group),
-    resuming from the checkpoint under `job.run_dir` if `cfg.resume` says so; one loop for one process and for
-    each pipeline stage, which differ only in `step`.
+    """Fine-tune the trainable parameters of `step.module` on `task`'s train split; returns the History
+    (`completed`: all `cfg.steps` ran). One loop for one process and each pipeline stage.
 
-    Each step takes `cfg.grad_accum` micro-batches of `cfg.batch_size` examples, normalises the loss by the step's
-    answer tokens, clips, steps AdamW and the schedule (finish_step); then `job.evaluate("val")` every
-    `cfg.eval_every` steps (not at the last: the run scores the final model itself), `job.track(metrics, step)`,
-    and a checkpoint every `cfg.checkpoint_every` steps or when `cfg.stop_after_steps` ends this invocation.
-    Returns the history; `completed` says whether all `cfg.steps` ran.
-    """
+    `cfg`: the train group (steps, batch_size, grad_accum, schedule, resume, ...); `job`: run directory, config hash,
+    seed, and optional `evaluate("val")` (every eval_every steps but the last) and `track(metrics, step)`; `step`: how
+    gradients are made (answer_step, or a pipeline stage's). A checkpoint every checkpoint_every steps and where
+    stop_after_steps ends the invocation. Raises QftError (train.resume) on another config's checkpoint."""
     params = [p for p in step.module.parameters() if p.requires_grad]
     opt = make_optimizer(cfg, params)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(cfg, s))

@@ -1,8 +1,7 @@
 """Validate the whole composed config before anything heavy runs.
 
-Each config group's module owns its own checks; this only calls them in order, so a bad value fails in
-milliseconds with one line naming the key, and the depth-dependent checks run again once the model's
-depth is known (from its config, before any weight is read).
+Each config group's module owns its checks; this calls them in order, so a bad value fails at once with one line
+naming the key. The depth checks run again once the model's depth is known, before any weight is read.
 """
 
 from __future__ import annotations
@@ -13,9 +12,11 @@ from qft.errors import QftError
 
 
 def validate(cfg, depth: int | None = None, planning: bool = False, files: bool = True, keys=None) -> str:
-    """Raise QftError on the first bad value; return the device the run will use. `files=False` (planning a job for
-    another machine) leaves out the checks that read local data and benchmark files; `keys` are the chosen presets'
-    (qft.config.chosen)."""
+    """Check the composed config `cfg`; returns the device the run uses, or raises QftError on the first bad value.
+
+    `depth`: the model's layer count where known (depth groups); `planning`: device=cuda accepted without one;
+    `files=False` (planning for another machine): local data and benchmark files not read; `keys`: the chosen
+    presets' keys (qft.config.chosen)."""
     from omegaconf import OmegaConf
 
     check_keys(cfg, keys=keys)

@@ -1,16 +1,9 @@
 """The CPU speed layer: switches that change no number, only how fast a step runs (docs/memory.md).
 
-`install` puts on a built model what its config asks for and its device allows, and says what ran; the run records
-that in `execution`. `tune_host_allocator` is the one process-wide switch, set before the weights load.
-
-- fuse.py: projections that read one input run as one frozen matmul (`fuse_projections`, `compiled_sums`,
-  `split_rows`);
-- masks.py, rope.py: the fast dropout masks and the rotary embedding as compiled loops (`compiled_masks`,
-  `compiled_rope`);
-- kernels.py: the numba loops; probe.py: the bit-for-bit checks the switches make at install.
-
-The switches themselves (accel.mode and its eight accel.* overrides) are declared and resolved in one place,
-qft.schema (`accel_switches`); this package reads them only through it.
+`install` puts the switches on a built model and returns what ran (the record's `execution`); `tune_host_allocator`
+is the one process-wide switch. fuse.py: grouped projections (fuse_projections, compiled_sums, split_rows); masks.py,
+rope.py: compiled masks and rotary; kernels.py: the numba loops; probe.py: the bit-for-bit checks at install.
+The switches are declared and resolved in qft.schema (`accel_switches`) only.
 """
 
 from __future__ import annotations
@@ -28,29 +21,28 @@ __all__ = ["MODEL_SWITCHES", "install", "on_device", "switches", "tune_host_allo
 
 
 def switches(cfg, device) -> dict:
-    """{switch: setting} as a run on `device` ("cpu", "cuda", "cuda:1" or a torch.device) applies them: the schema's
-    `accel_switches` (`host_allocator` a name, tuned | default; the others booleans), with the CPU-only ones
-    (MODEL_SWITCHES) off elsewhere: the compiled loops are CPU code, and fusion has not been shown to change no number
-    on CUDA (scripts/gpu_check.py compares it there), so an explicit accel=cpu on CUDA installs none of them."""
+    """{switch: setting} of accel group `cfg` as a run on `device` ("cpu", "cuda:1", a torch.device) applies them:
+    `host_allocator` a name (tuned | default), the others booleans, MODEL_SWITCHES off except on a CPU.
+
+    CPU only: the loops are CPU code, and fusion is not shown to keep every number on CUDA."""
     on_cpu = str(getattr(device, "type", device)).split(":")[0] == "cpu"
     return {k: bool(v) and on_cpu if k in MODEL_SWITCHES else v for k, v in schema.accel_switches(cfg, device).items()}
 
 
 def on_device(cfg, device) -> dict[str, bool]:
-    """{switch: asked for and applies} for MODEL_SWITCHES on `device`: what `install` installs at most, and what the
-    memory model plans."""
+    """{switch: asked for by `cfg` and applies on `device`} for MODEL_SWITCHES: what `install` installs at most and
+    the memory model plans."""
     on = switches(cfg, device)
     return {k: on[k] for k in MODEL_SWITCHES}
 
 
 def install(net, cfg, device: torch.device, projections: list, model_type: str,
             threads: int | None = None) -> dict[str, bool]:
-    """Install on `net` (peft-wrapped or plain) the switches `cfg` asks for that apply on `device` (`on_device`: on
-    the CPU only); returns {switch: whether it ran} for MODEL_SWITCHES.
+    """Install on `net` (peft-wrapped or plain) the switches of `cfg` that apply on `device`; returns {switch: whether
+    it ran} for MODEL_SWITCHES (off where nothing was found to change, or numba is missing).
 
-    A switch runs where it applies and found something to change (no numba, no fast masks, no fused groups, a
-    refused rotary form: off). `threads`: torch's thread count the run computes at (default: the current one);
-    at one thread `split_rows` never splits, so it is not installed."""
+    `projections`, `model_type`: what fuse groups (the architecture's); `threads`: torch's thread count the run
+    computes at (default: the current one; at one, split_rows is not installed)."""
     from qft.accel import fuse, masks, rope
 
     on = on_device(cfg, device)
@@ -71,12 +63,11 @@ def install(net, cfg, device: torch.device, projections: list, model_type: str,
 
 
 def tune_host_allocator(how: str) -> bool:
-    """With `how` "tuned" (accel.host_allocator, as `switches` resolves it), keep freed host memory in glibc's heap
-    instead of returning it to the kernel; returns whether it did (a no-op outside glibc).
+    """Where `how` is "tuned" (accel.host_allocator), keep freed host memory in glibc's heap (mallopt); returns
+    whether it did (False outside glibc).
 
-    By default glibc serves every block over its mmap threshold (128 KiB, adapting up to 32 MiB) with a fresh mmap
-    and unmaps it on free, so each step's activations page-fault and are zeroed again. The peak stays the live
-    tensors' peak; only the give-back is deferred (tests/test_speed_switches.py)."""
+    glibc otherwise mmaps each large block afresh and unmaps it on free, so every step's activations page-fault
+    again; the peak stays the live tensors' peak."""
     if how != "tuned" or not sys.platform.startswith("linux"):
         return False
     import ctypes

@@ -1,31 +1,9 @@
 """Projections that read one input (q/k/v; gate/up) run as one group: one cast of the input, one frozen matmul.
 
-On a CPU a QLoRA step is dominated by memory-bound work around each projection (casting the fp32 input to the
-compute dtype, small matmuls for k and v under grouped-query attention). The group does that work once and splits
-the output; nothing computed changes:
-- forward: the frozen outputs are slices of one matmul over the concatenated weight; each projection's LoRA runs
-  exactly as peft runs it, with its own dropout mask drawn in the same order from the same stream;
-- backward: each projection keeps its own autograd node, made when it is called, whose backward is its own
-  matmul, so autograd sums the input gradient's terms in the unfused order.
-Losses, logits and gradients are then bit-identical wherever the matmul library gives a column the same bits
-inside a wider output as alone. oneDNN and MKL may choose a kernel, and so the order of each dot product's sum, by
-the output's width, the row count or the thread count; where they do, the group's matmul differs from each
-member's own only by that reassociation (`tests/test_fuse.py` bounds it by gamma_K, and compares the rest of
-fusion bit for bit against a group that runs each member's own matmul); how far such last bits then move a
-loss has not been measured.
-The LoRA A matrices stay one matmul per projection: at rank 8 the output is narrowest and the kernel choice most
-likely to change with width, and one matmul for the group saved only an input cast in evaluation.
-Every other projection with an adapter (o, down) runs as a group of one, for the same path: bitsandbytes' layer and
-peft's defensive copy of its output skipped, and with `accel.compiled_sums` (`_Sum`, qft.accel.kernels) each member's
-output, frozen slice plus scaled LoRA output, made in one compiled pass forward and one backward.
-With `accel.split_rows` a training step's frozen matmuls run as two blocks of rows where, on this machine and shape,
-that gives the same bits and is faster (`_linear`): oneDNN runs some bf16 matmuls on one thread.
-
-The live model keeps peft's own per-projection modules (and so stock adapters, `merge_and_unload`, the bnb LoRA
-classes): a group only replaces their `forward` with a call into itself, and steps aside whenever peft's state is
-not plain LoRA training (merged, adapters disabled, several or mixed adapters, DoRA) or a member was replaced.
-A 16-bit or dequantized-4-bit group stores its frozen weights as one tensor, each projection's weight a view of it;
-a 4-bit group dequantizes its members into one matrix at each use, as bitsandbytes does, and keeps nothing.
+Each member keeps its own LoRA and its own autograd node, so losses and gradients keep their unfused bits wherever the
+matmul library gives a column the same bits inside a wider output (tests/test_fuse.py). Other adapted projections
+run as groups of one; peft's modules stay in place and a group steps aside when peft's state is not plain LoRA.
+Why and how far it holds: docs/memory.md (`accel.fuse_projections`).
 """
 
 from __future__ import annotations
@@ -43,12 +21,10 @@ from qft.accel.probe import same_bits, spread
 
 
 class _Member(torch.autograd.Function):
-    """One projection's frozen output, sliced from its group's matmul; backward is that projection's own matmul.
+    """Member `i`'s frozen output of `x`, sliced from `group`'s matmul; backward is that member's own matmul.
 
-    One node per projection, made when the projection is called, as the unfused module makes its own: autograd then
-    meets and sums the input gradient's terms in the very order it does unfused, so gradients stay bit-identical.
-    With a `box` (the compiled sum, `_Sum`) it returns an empty stand-in: `_Sum` reads the slice where the group's
-    matmul left it, and hands this node its gradient already cast, through the box."""
+    One node per member, made when it is called, so autograd sums the input gradient in the unfused order. With
+    `box` (_Sum) it returns an empty stand-in and takes its gradient, already cast, through the box."""
 
     @staticmethod
     def forward(ctx, x, group, i, box=None, split=False):
@@ -68,10 +44,10 @@ class _Member(torch.autograd.Function):
 
 
 class _Sum(torch.autograd.Function):
-    """A member's output, its frozen slice cast to fp32 plus its LoRA output times the scaling in the LoRA dtype,
-    in one compiled pass forward and one backward (`accel.compiled_sums`, qft.accel.kernels): the same bits as peft's
-    `result + lora_B(...) * scaling`. It stands where that sum's add node stood, after the LoRA nodes and before
-    the next member's, so autograd runs the nodes, and sums the input's gradient, in the same order."""
+    """A member's output (frozen slice of `y` from `lo`, plus LoRA output `h` times `scale`), the same bits as peft's
+    `result + lora_B(...) * scaling`, in one compiled pass forward and one backward (accel.compiled_sums).
+
+    It stands where peft's add node stood, so autograd keeps its order."""
 
     @staticmethod
     def forward(ctx, stand_in, h, y, lo, scale, frozen_dtype, out_dtype, box):
@@ -95,7 +71,7 @@ class _Sum(torch.autograd.Function):
 
 
 class Group:
-    """One set of projections that read the same input, with the modules at their places in the model."""
+    """The projections `names` of module `parent` that read the same input, run as one group once installed."""
 
     def __init__(self, parent: nn.Module, names: tuple[str, ...]):
         self.parent, self.names = parent, names
@@ -115,6 +91,7 @@ class Group:
         self.bias = None
 
     def fusable(self) -> bool:
+        """Whether the members share a backend, fuse kind, compute dtype and input width (and can be computed here)."""
         if self.kind is None or len({b.in_features for b in self.bases}) != 1 or len(
                 {type(k) for k in self.backends}) != 1:
             return False
@@ -243,9 +220,9 @@ _HALVES: dict[tuple, bool | None] = {}  # per shape: None seen once, then whethe
 
 
 def _linear(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, split: bool) -> torch.Tensor:
-    """F.linear(a, w, bias); with `split` (`accel.split_rows`, CPU), as two blocks of a's rows where that gives the
-    same bits and is faster: oneDNN runs some bf16 matmuls on one thread, and each half on every thread
-    (benchmarks/README.md). Decided at a shape's second call, so that a one-off shape (a short batch) costs nothing."""
+    """F.linear(`a`, `w`, `bias`); with `split` (accel.split_rows, CPU) as two blocks of a's rows where, per shape,
+    that gives the same bits and is faster (decided at a shape's second call). oneDNN runs some bf16 matmuls on one
+    thread, each half on every thread."""
     cpu = a.device.type
     if not split or cpu != "cpu" or a.dim() < 2 or not a.is_contiguous() or a.shape[-1] == 0 \
             or a.numel() // a.shape[-1] < 2 or torch.get_num_threads() < 2 or a.dtype != w.dtype \
@@ -264,6 +241,7 @@ def _linear(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, split: 
 
 
 def _in_halves(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """F.linear(`a`, `w`, `bias`) computed as two blocks of a's rows into one output."""
     a2 = a.reshape(-1, a.shape[-1])
     m, half = a2.shape[0], a2.shape[0] // 2
     out = a2.new_empty(m, w.shape[0])
@@ -276,9 +254,8 @@ def _in_halves(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> t
 
 
 def _halves_pay(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, whole: torch.Tensor) -> bool:
-    """Whether two blocks of rows give the whole's very bits, on the call's own operands and on operands whose
-    partial sums cancel (values spread over 2^-12..2^12: another order of summation then shows in most outputs, where
-    in bf16 from plain operands it may round away), and then whether they are faster."""
+    """Whether two blocks of rows give `whole`'s very bits on (`a`, `w`, `bias`) and on probe.spread operands, and
+    are faster (_faster)."""
     g = torch.Generator().manual_seed(0)
     cancelling = [spread(t.shape, g).to(t.dtype) for t in (a, w)]
     return (same_bits(_in_halves(a, w, bias), whole)
@@ -286,7 +263,7 @@ def _halves_pay(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, who
 
 
 def _faster(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    """The halves against the whole, the faster of three tries each; they must save a tenth."""
+    """Whether the halves, best of three, take under 0.9 of the whole matmul's best of three on `a`, `w`, `bias`."""
     best = {False: float("inf"), True: float("inf")}
     for _ in range(3):
         for halves in (False, True):
@@ -298,10 +275,10 @@ def _faster(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> bool
 
 
 class _CastHead:
-    """The LM head's weight cast to the autocast dtype once, not at every call: autocast re-casts a frozen weight in
-    every forward (it caches only trainable leaves), and for a 49k-word head tied to the fp32 embedding that cast is
-    most of the head's cost. Same values, so the same logits; the copy is refreshed if the weight changes. It is a
-    non-persistent buffer of the head: it moves with the model, is counted as the model's memory, and is not saved."""
+    """The forward of LM head `head` with its weight cast to the autocast dtype once (refreshed when it changes), kept
+    as a non-persistent buffer: the same logits.
+
+    Autocast re-casts a frozen weight every forward, most of a large tied head's cost."""
 
     def __init__(self, head: nn.Linear):
         self.head, self.own, self.key = head, type(head).forward.__get__(head), None
@@ -319,10 +296,8 @@ class _CastHead:
 
 
 def install(model: nn.Module, projections: list[L.Layer], model_type: str) -> list[Group]:
-    """Fuse every group of projections that read one input, per the architecture registry; groups whose members
-    differ in kind (bits), compute dtype or input width run unfused. Every other projection with an adapter runs as a
-    group of one: the same path without the sharing (bitsandbytes' layer and peft's defensive copy of its output
-    skipped, the compiled sum where it is on). Returns the groups."""
+    """Group the `projections` of `model` that read one input (the registry's shared_input of `model_type`) and each
+    other adapted projection alone, where fusable; cast the LM head once (_CastHead). Returns the groups installed."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     arch = L.architecture(model_type)
     by_parent: dict[str, list[str]] = {}
@@ -349,10 +324,8 @@ def install(model: nn.Module, projections: list[L.Layer], model_type: str) -> li
 
 
 def compile_sums(model: nn.Module) -> list[Group]:
-    """Sum each fused member's frozen and LoRA outputs in one compiled pass (`accel.compiled_sums`,
-    qft.accel.kernels): the same bits in fewer passes. Compiles (or loads numba's cached build) here, before any
-    step, keeping torch's thread count.
-    Returns the groups; none where numba is not installed, and torch's ops run as without."""
+    """Switch `model`'s fused groups to summing each member's frozen and LoRA outputs in one compiled pass, the same
+    bits; returns the groups ([] without numba). Compiles here, before any step, keeping torch's thread count."""
     try:
         from qft.accel import kernels
     except ImportError:  # numba is not installed
@@ -364,12 +337,12 @@ def compile_sums(model: nn.Module) -> list[Group]:
 
 
 def split_rows(model: nn.Module) -> list[Group]:
-    """Let a training step's frozen matmuls run as two blocks of rows where that gives the same bits and is faster
-    (`accel.split_rows`, `_linear`). Returns the groups."""
+    """Switch `model`'s fused groups to split_rows (_linear); returns the groups."""
     return _switched(model, "split_rows")
 
 
 def _switched(model: nn.Module, switch: str) -> list[Group]:
+    """Set attribute `switch` on every fused group of `model`; returns the groups."""
     groups = getattr(model, "_qft_fused", [])
     for group in groups:
         setattr(group, switch, True)
@@ -377,7 +350,7 @@ def _switched(model: nn.Module, switch: str) -> list[Group]:
 
 
 def remove(model: nn.Module) -> None:
-    """Undo `install`: every projection runs alone and owns its weight (before saving or merging a base)."""
+    """Undo `install` on `model`: every projection runs alone and owns its weight again (before saving or merging)."""
     for group in getattr(model, "_qft_fused", []):
         group.remove()
     base = model.get_base_model() if hasattr(model, "get_base_model") else model

@@ -1,24 +1,10 @@
 """Compiled loops (numba) for the memory-bound work around each LoRA projection: one pass where torch's ops make
-several, the same bits.
+several, the same bits (tests/test_kernels.py).
 
-The fast dropout mask (`accel.compiled_masks`): one pass over the input where torch's ops make five, and its random
-bits drawn from torch's own generator, the same draws, tempered on every thread where torch's kernel runs on one.
-
-Under bf16 autocast, `adapter.FastDropout` compares 16-bit random lanes with its threshold, casts the 1-byte mask to
-fp32, multiplies by the input and by the scale, and the LoRA A matmul's autocast then casts the dropped input to bf16:
-five passes over a 1024 x 576 (or x 1536) tensor for each of SmolLM2's 210 projections a step, and in backward a cast
-up, the byte cast and two multiplies again. On a CPU whose matmuls are fast (AMX) those passes are a sixth of a step.
-Each loop here computes the same IEEE operations in the same order, (keep * x) * scale in fp32, rounded to bf16 to
-nearest even with integer arithmetic as torch's vectorized cast rounds (a NaN written as it writes one, 0xFFFF), so
-the values, the kept mask and the gradient are the same bits (tests/test_kernels.py); no fast-math, no contraction.
-
-LoRA's sum (`accel.compiled_sums`): a projection's output is its frozen output, cast back to the fp32 residual
-stream, plus its LoRA output scaled in the LoRA dtype (bf16 under autocast: `B(A(x)) * scaling`, rounded) and widened:
-three passes forward (cast, multiply, add), and three backward (the gradient cast to bf16 for the LoRA branch, the
-multiply, and the same cast again for the frozen matmul's backward). `lora_sum` reads the frozen output where the
-group's matmul left it, `lora_sum_grad` makes both bf16 gradients from one read. (Where the input, and so the output,
-is bf16, as o_proj's behind bf16 attention, the sum is rounded to bf16 and backward is one multiply either way.)
-Compiled once per machine (numba's on-disk cache), run on as many threads as torch's ops.
+The fast dropout mask and its random bits (accel.compiled_masks), LoRA's sum of frozen and scaled LoRA outputs
+(accel.compiled_sums) and the rotary embedding (accel.compiled_rope). Each loop makes torch's IEEE operations in
+torch's order (no fast-math, no contraction); compiled once per machine (numba's cache), run on torch's thread count.
+What each saves: docs/memory.md and benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -141,12 +127,10 @@ def _sum_grad(grad, scale, frozen, lora):
 
 @numba.njit(**_JIT)
 def _rope(x, xs, cos, sin, crows, out, os, grad):
-    """Rotary embedding of x (batch, heads, seq, dim) into out, each at its strides (xs, os: batch, head, seq; the
-    last is 1) from its first element in a flat view; cos and sin rows of dim, position r = b * seq + t at r % crows.
-    Forward, HF's x * cos + rotate_half(x) * sin, rotate_half(x) = (-x[half:], x[:half]); with `grad`, that map's
-    gradient as autograd makes it from HF's ops: g * cos plus g * sin moved back a half (its first half negated),
-    plus 0, the slices' zeros, which make a -0 sum +0. (a - b is a + (-b) in IEEE arithmetic, bit for bit but for a
-    NaN's sign: a NaN result is NaN where HF's is, its sign and payload unspecified, as LLVM may fold a negation.)"""
+    """Rotary embedding of flat x (batch, heads, seq, dim at strides xs; shape in xs[3:]) into flat out (strides os):
+    HF's x * cos + rotate_half(x) * sin, cos and sin rows of dim, position r = b * seq + t at r % crows. With `grad`,
+    that map's gradient as autograd makes it from HF's ops, + 0 as the slices' zeros make it (-0 sums to +0).
+    A NaN's sign and payload are unspecified (LLVM may fold a negation)."""
     batch, heads, seq, dim = xs[3], xs[4], xs[5], xs[6]
     half = dim // 2
     zero = np.float32(0.0)
@@ -194,11 +178,11 @@ def _word(x, j):
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
 def _stream(mt, start, out):
-    """The generator's raw words X[start:start + out.size] into out, X[0:624] its current block (mt), each later
-    block twisted from the one before; mt becomes the block that holds the last word, as torch's twist leaves it, and
-    the return is torch's new `next`. Each word follows from three at least 227 before it, so one pass over out runs
-    in vectors (no copy of each block through the state, as torch's loop makes); the pass must stay in order (no
-    prange, not under `_JIT`): LLVM vectorizes it only because it proves that distance."""
+    """Write the generator's raw words X[start:start + out.size] into out, X[0:624] being block mt; mt becomes the
+    block holding the last word, as torch's twist leaves it; returns torch's new `next`.
+
+    One in-order pass (no prange, not `_JIT`): each word follows from words at least 227 before it, which is what
+    lets LLVM vectorize it."""
     w = out.size
     head = np.empty(2 * _N, np.uint32)  # the current block and the next: all words before X[1248]
     head[:_N] = mt
@@ -223,8 +207,8 @@ def _stream(mt, start, out):
 
 @numba.njit(**_JIT)
 def _draws64(out):
-    """Raw word pairs, as _stream left them (the first the low half of a little-endian uint64), into 64-bit draws:
-    both tempered, the first the high half."""
+    """Turn each uint64 of out, two raw words as _stream left them (first in the low half), into a 64-bit draw in
+    place: both tempered, the first the high half."""
     for j in prange(out.size):
         v = out[j]
         first, second = np.uint32(v & np.uint64(0xFFFFFFFF)), np.uint32(v >> np.uint64(32))
@@ -239,18 +223,19 @@ def _flat(t: torch.Tensor) -> np.ndarray:
 
 def drop(x: torch.Tensor, lanes: torch.Tensor, threshold: int, scale: float, out: torch.Tensor,
          keep: torch.Tensor) -> None:
-    """Fill out ((keep * x) * scale: fp32, or rounded to bf16) and keep (lanes >= threshold); contiguous CPU tensors."""
+    """Fill `out` with (`keep` * `x`) * `scale` (fp32, or rounded to bf16) and `keep` with `lanes` >= `threshold`;
+    contiguous CPU tensors."""
     _drop(_flat(x), _flat(lanes), threshold, scale, _flat(out), _flat(keep))
 
 
 def undrop(grad: torch.Tensor, keep: torch.Tensor, scale: float, out: torch.Tensor) -> None:
-    """Fill out (fp32) with (keep * grad) * scale; grad fp32 or bf16, contiguous CPU tensors."""
+    """Fill `out` (fp32) with (`keep` * `grad`) * `scale`; `grad` fp32 or bf16; contiguous CPU tensors."""
     _undrop(_flat(grad), _flat(keep), scale, _flat(out))
 
 
 def lora_sum(y: torch.Tensor, lo: int, h: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
-    """y[..., lo:lo + n] + (h * scale in h's dtype), summed in fp32, in `dtype` (fp32, or bf16 rounded): y the frozen
-    output of a group (contiguous), h the LoRA output of one member (contiguous, n wide); each bf16 or fp32."""
+    """`y`[..., `lo`:`lo` + n] + (`h` * `scale` in h's dtype), summed in fp32, in `dtype` (fp32, or bf16 rounded): y a
+    group's frozen output, h one member's LoRA output (n wide); each contiguous, bf16 or fp32."""
     out = torch.empty(h.shape, dtype=dtype)
     if out.numel():
         _sum(_flat(y), y.shape[-1], lo, _flat(h), scale, _flat(out))
@@ -258,8 +243,8 @@ def lora_sum(y: torch.Tensor, lo: int, h: torch.Tensor, scale: float, dtype: tor
 
 
 def lora_sum_grad(grad: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """The fp32 gradient of lora_sum's output in bf16 (the frozen matmul's backward reads it), and rounded to bf16
-    times scale (the LoRA output's gradient); grad contiguous."""
+    """(`grad`, lora_sum's fp32 output gradient, in bf16 for the frozen matmul's backward; that bf16 times `scale`,
+    rounded to bf16, for the LoRA output); `grad` contiguous."""
     frozen, lora = (torch.empty(grad.shape, dtype=torch.bfloat16) for _ in range(2))
     _sum_grad(_flat(grad), scale, _flat(frozen), _flat(lora))
     return frozen, lora
@@ -272,8 +257,8 @@ def _strided(t: torch.Tensor) -> np.ndarray:
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor, grad: bool = False) -> None:
-    """Fill out (fp32, x's shape) with HF's rotary embedding of x (batch, heads, seq, dim; fp32, any strides >= 0
-    whose last is 1), or with its gradient where x is the output's gradient (`grad`); cos and sin (rows, seq, dim)
+    """Fill `out` (fp32, x's shape) with HF's rotary embedding of `x` (batch, heads, seq, dim; fp32, strides >= 0,
+    the last 1), or with its gradient where x is the output's gradient (`grad`); `cos` and `sin` (rows, seq, dim)
     contiguous, rows 1 or batch."""
     if x.numel():
         _rope(_strided(x), np.array([*x.stride()[:3], *x.shape], np.int64), _flat(cos), _flat(sin),
@@ -281,13 +266,11 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tenso
 
 
 def random_bits(n: int) -> torch.Tensor | None:
-    """n int64s from torch's default CPU generator, the very draws of `torch.empty(n, dtype=torch.int64).random_(
-    -2**63, None)`, the generator left where that leaves it: torch's kernel draws them one by one on one thread by
-    design; here the words are made in one pass of vectors and tempered on every thread. None where it cannot
-    promise that, and torch's kernel is to draw: off the main thread, since reading the state and writing it back is
-    not atomic as torch's kernel is (it holds the generator's lock; a sweep's jobs run as threads share one
-    generator), and for a state laid out otherwise than this torch's lays it out, or whose next word is not where
-    torch's generator keeps it."""
+    """`n` int64s, the very draws of `torch.empty(n, dtype=torch.int64).random_(-2**63, None)` from torch's default
+    CPU generator, left where that leaves it; made in one vectorized pass and tempered on every thread.
+
+    None (torch's kernel is to draw) off the main thread, since the state's read and write-back is not atomic as
+    torch's locked kernel is, and for a state laid out otherwise than this torch's."""
     if n == 0:  # torch's kernel leaves a fresh seed's state as it is (no twist, `next` untouched)
         return torch.empty(0, dtype=torch.int64)
     state = torch.get_rng_state()
@@ -309,11 +292,10 @@ def random_bits(n: int) -> torch.Tensor | None:
 
 
 def warm() -> None:
-    """Compile every loop (or load numba's cached build) now, not inside a step, on as many threads as torch uses:
-    each compiled switch's install (masks, sums, rope) calls it, and only a process's first call runs the loops; each
-    call sets numba's thread count (the calling thread's) to torch's. numba's OpenMP start-up sets the process's
-    OpenMP thread count, torch's own included (the two share one libgomp once torch has loaded it): torch's count is
-    put back, and the record's `threads` stays true."""
+    """Set numba's thread count to torch's and, in a process's first call, compile (or load) and run every loop once.
+
+    Called at each compiled switch's install, not inside a step. numba's OpenMP start-up resets the shared libgomp's
+    thread count, so torch's is put back and the record's `threads` stays true."""
     threads = torch.get_num_threads()
     numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
     torch.set_num_threads(threads)

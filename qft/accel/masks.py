@@ -12,9 +12,8 @@ from qft import adapter
 
 
 def compile_masks(model: nn.Module) -> list:
-    """Run every fast dropout mask of the model as one compiled pass (qft.accel.kernels): the same bits in fewer
-    passes. Compiles (or loads numba's cached build) here, before any step, keeping torch's thread count.
-    Returns the masks; none where numba is not installed, and torch's ops run as without."""
+    """Switch every FastDropout of `model` to one compiled pass (qft.accel.kernels), the same bits; returns the masks
+    switched ([] without numba). Compiles here, before any step, keeping torch's thread count."""
     try:
         from qft.accel import kernels
     except ImportError:  # numba is not installed

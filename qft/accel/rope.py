@@ -15,9 +15,8 @@ from qft.accel.probe import same_bits, spread
 
 
 class _Rope(torch.autograd.Function):
-    """HF's rotary embedding of q and k as one compiled pass each, forward and backward (`accel.compiled_rope`,
-    qft.accel.kernels.rope): the same bits as its ten ops forward and fourteen backward (a NaN's sign aside), outputs
-    and gradients laid out as they lay them out (a norm's weight gradient behind q sums in that layout's order)."""
+    """HF's rotary embedding of q and k, forward and backward, as one compiled pass each: the same bits as HF's ops
+    (a NaN's sign aside), outputs and gradients in their layouts (a norm's weight gradient sums in that order)."""
 
     @staticmethod
     def forward(ctx, q, k, cos, sin):
@@ -50,8 +49,8 @@ class _Rope(torch.autograd.Function):
 
 
 def _rope_fits(q, k, cos, sin) -> bool:
-    """Whether _Rope computes what HF's function does on these: fp32 on the CPU, (batch, heads, seq, dim) with a
-    shared batch, seq and even dim, cos and sin (1 or batch, seq, dim) without gradients."""
+    """Whether _Rope computes what HF's function does on `q`, `k`, `cos`, `sin`: fp32 on the CPU, (batch, heads, seq,
+    dim) with shared batch, seq and an even dim, cos and sin (1 or batch, seq, dim) without gradients."""
     t = (q, k, cos, sin)
     if any(not isinstance(x, torch.Tensor) or x.dtype != torch.float32 or x.device.type != "cpu" for x in t):
         return False
@@ -64,16 +63,16 @@ def _rope_fits(q, k, cos, sin) -> bool:
 
 
 def _compiled_rope(self, *args, **kwargs):
-    """The forward of an attention module's own rotary function (transformers' `kernels` wrapper): _Rope where it
-    fits and the switch is on, else the function."""
+    """The forward bound to rotary wrapper `self` (transformers' `kernels` one): _Rope where it fits and
+    `self.compiled`, else the wrapped function."""
     if self.compiled and len(args) == 4 and not kwargs and _rope_fits(*args):
         return _Rope.apply(*args)
     return type(self).forward(self, *args, **kwargs)
 
 
 def _rope_is_hfs(func) -> bool:
-    """Whether an architecture's rotary function is the one _Rope computes, bit for bit forward and backward, on
-    spread values with signed zeros, a broadcast cos and GQA's fewer k heads."""
+    """Whether rotary function `func` computes what _Rope does, bit for bit forward and backward, on spread values
+    with signed zeros, a broadcast cos and GQA's fewer k heads."""
     g = torch.Generator().manual_seed(0)
 
     def signed(*shape):
@@ -97,13 +96,11 @@ def _rope_is_hfs(func) -> bool:
 
 
 def compile_rope(model) -> list:
-    """Run each attention module's rotary embedding as one compiled pass forward and one backward
-    (`accel.compiled_rope`, qft.accel.kernels): on the CPU HF's ops make ten passes forward and fourteen backward over
-    q and k, about 2-3% of a SmolLM2 step (benchmarks/README.md). The hook is the per-module rotary function that
-    transformers keeps for its `kernels` hub (a `kernelize` of ours): where an architecture's function is not the
-    one computed here, bit for bit on a probe, or numba or that wrapper is missing, nothing changes. Returns the
-    functions switched (their `compiled` flag); compiles the loops here, before any step, and before the probe runs
-    one: numba's OpenMP start-up would reset torch's thread count there, and the record's `threads` with it."""
+    """Switch the rotary embedding of each attention module of `model` to one compiled pass forward and backward
+    (accel.compiled_rope); returns the rotary functions switched ([] without numba or transformers' wrapper).
+
+    Only where a probe finds the architecture's function computes the same bits (_rope_is_hfs). Compiles before the
+    probe: numba's OpenMP start-up would reset torch's thread count. HF's ops take ten passes forward, fourteen back."""
     try:
         from qft.accel import kernels
     except ImportError:  # numba is not installed

@@ -1,19 +1,9 @@
 """The memory model of one qft training step, from the composed config alone (`python -m qft.tools.memory` asks it).
 
-The model is built on the meta device (no weights), so a 70B architecture is planned in seconds. Bytes are
-counted the way qft's code really holds them: NF4/FP4 and LLM.int8 weights with bitsandbytes' exact
-statistics; embeddings, norms and the LM head in fp32; LoRA weights, gradients and AdamW states in fp32;
-activations as autograd really saves them, under bf16 autocast or in fp32. Korthikanti et al. (2022) give
-s*b*h*(34 + 5*a*s/h) bytes per layer for a 16-bit GPT without recomputation; qft's LLaMA layers differ in
-every term: the residual stream and RMSNorm inputs are fp32 (norms and embeddings stay fp32), 4-bit
-projections return fp32, SwiGLU keeps three MLP-wide tensors, SDPA keeps q, k, v, its output and the
-log-sum-exp instead of the s x s scores (plus its own additive copy of the padding mask), each LoRA side
-path keeps its dropout mask, a bf16 copy of its input and its rank-r middle, and bitsandbytes' int8 matmul
-keeps its input. What each op saves is one row of qft.planning.saved, per setting of the switches that
-decide it, checked op by op against `saved_tensors_hooks` (tests/test_saved.py); the transient terms were
-fitted to `measure_peak` (benchmarks/memory.py: within 2.5% given the batch's shape, within 5.5% from the config
-alone on SmolLM2).
-
+Built on the meta device (no weights), counting bytes as qft's code holds them: quantized weights with
+bitsandbytes' exact statistics, fp32 embeddings, norms, LoRA weights, gradients and AdamW states, and activations as
+autograd saves them (one row of qft.planning.saved per op and setting). How each term is counted and how close it
+comes to measured steps: docs/memory.md, "How the memory model counts".
 """
 
 from __future__ import annotations
@@ -39,7 +29,7 @@ ANSWER_TOKENS = 4  # classification answers, which the config alone cannot token
 
 @dataclass(frozen=True)
 class Shape:
-    """What memory depends on in an architecture."""
+    """The sizes of an architecture that memory depends on."""
 
     layers: int
     hidden: int
@@ -51,6 +41,7 @@ class Shape:
 
     @classmethod
     def of(cls, config) -> "Shape":
+        """The Shape of transformers `config` (kv_heads and head_dim defaulted as transformers does)."""
         heads = config.num_attention_heads
         return cls(config.num_hidden_layers, config.hidden_size, config.intermediate_size, heads,
                    getattr(config, "num_key_value_heads", None) or heads,
@@ -93,7 +84,7 @@ class Resolved:
 
 
 def meta_model(source):
-    """The architecture on the meta device, in qft's fp32: shapes and byte counts without weights."""
+    """The model of `source`'s architecture on the meta device, in fp32: shapes and byte counts without weights."""
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
@@ -104,7 +95,8 @@ _ARCHITECTURES: dict = {}  # the last architecture's derived numbers: suggestion
 
 
 def _architecture(source):
-    """Projections, shape and frozen non-projection bytes (embedding, per layer, head) of an architecture."""
+    """(projections, Shape, frozen non-projection bytes: embedding, per layer, head, tied) of `source`'s
+    architecture."""
     key = source.config.to_json_string()
     if key in _ARCHITECTURES:
         return _ARCHITECTURES[key]
@@ -136,15 +128,15 @@ def _architecture(source):
 
 
 def target_device(cfg) -> str:
-    """The device a config's memory is planned for: cpu or cuda (device=auto: what this machine has)."""
+    """The device config `cfg`'s memory is planned for: cpu or cuda (device=auto: what this machine has)."""
     if cfg.device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return cfg.device  # device=cuda plans a GPU run from any machine
 
 
 def _compute_dtype(name: str, device: str) -> str:
-    """What quant.compute_dtype=auto means on the target: qft.model decides for this machine; a GPU planned
-    from a machine without one is assumed to have bf16 (Ampere and later)."""
+    """The compute dtype `name` means on target `device`: as qft.model decides here, except that a GPU planned from
+    a machine without one is assumed to have bf16 (Ampere and later)."""
     from qft import model
 
     if name == "auto" and device == "cuda" and not torch.cuda.is_available():
@@ -153,8 +145,8 @@ def _compute_dtype(name: str, device: str) -> str:
 
 
 def _validate(cfg, depth: int | None = None, files: bool = True) -> None:
-    """The run's own validation; a GPU planned from a machine without one passes the device check, and with
-    files=False so does a data or benchmark file that only the job's machine has."""
+    """Validate `cfg` as a run does (at `depth` layers), passing a GPU that this machine lacks and, with `files`
+    False, data or benchmark files only the job's machine has; raises QftError naming the key."""
     from qft import validate
 
     validate.validate(cfg, depth, planning=True, files=files)
@@ -162,12 +154,11 @@ def _validate(cfg, depth: int | None = None, files: bool = True) -> None:
 
 def resolve(cfg, source=None, answer_tokens: int | None = None, answer_rows: int | None = None,
          padded: bool = True, files: bool = True) -> Resolved:
-    """Validate the config as a run would and resolve it against the architecture (meta device).
+    """The Resolved of config `cfg` against its architecture (`source`: default, resolved from `cfg`), validated as
+    a run would (`files` as in _validate); raises QftError naming the key.
 
-    What the config cannot say about the batches, if known: answer_tokens, the longest answer (default
-    ANSWER_TOKENS for classification, half of data.max_length for instruction data); answer_rows, the
-    answer tokens of one batch (default: all answers that long); padded, whether lengths differ.
-    """
+    What the config cannot say, where known: `answer_tokens`, the longest answer (default ANSWER_TOKENS, or half of
+    data.max_length for instruction data); `answer_rows`, one batch's answer tokens; `padded`, unequal lengths."""
     from qft import model
 
     _validate(cfg, files=files)
@@ -201,20 +192,20 @@ def resolve(cfg, source=None, answer_tokens: int | None = None, answer_rows: int
 
 def projection_bytes(in_features: int, out_features: int, s: dict, compute_bytes: int = 2,
                      bias: bool = False) -> int:
-    """Bytes a frozen projection really holds (equals qft.quant.module_bytes): its backend's closed form."""
+    """The bytes a frozen (`in_features`, `out_features`) projection of settings `s` holds (`compute_bytes` a value,
+    `bias`): its backend's closed form, equal to qft.quant.module_bytes."""
     return quant.for_settings(s).weight_bytes(s, in_features, out_features, compute_bytes, bias)
 
 
 def format_of(s: dict, compute_dtype: str = "bf16") -> str:
-    """`nf4`, `fp4`, `int8` or the 16-bit dtype, as qft.quant.describe names a quantized module."""
+    """What qft.quant.describe will name a module of settings `s` in `compute_dtype`: nf4, fp4, int8 or a dtype."""
     return quant.for_settings(s).format(s, compute_dtype)
 
 
 def optimizer_bytes(numels: list[int], optimizer: str, device: str) -> int:
-    """AdamW: two fp32 moments a parameter (torch keeps the step count on the host: a scalar tensor per
-    parameter, on the device only when that is the CPU). bitsandbytes 8-bit AdamW: two bytes a parameter
-    plus two fp32 absmax per 256, fp32 moments for tensors under its min_8bit_size (4096), and its two
-    256-entry quantization maps."""
+    """The state bytes `optimizer` keeps on `device` for tensors of `numels` elements: AdamW two fp32 moments (the
+    step count a host scalar, on the device only on a CPU); bitsandbytes' 8-bit AdamW two bytes plus two fp32
+    absmax per 256, fp32 moments under 4096 elements, and two 256-entry maps."""
     if optimizer == "adamw":
         return sum(8 * n for n in numels) + (4 * len(numels) if device == "cpu" else 0)
     total = 2 * 256 * 4 if any(n >= 4096 for n in numels) else 0
@@ -229,25 +220,24 @@ _DTYPES = {"fp32": 4, "int64": 8, "bool": 1}  # the dtypes of qft.planning.saved
 
 
 def _mask_setting(p: Resolved) -> str:
-    """The dropout row a mask saves by: qft's fast mask is bool; torch's is in its input's dtype (fp32: peft upcasts
-    on CPU, and without autocast) or a CUDA bool mask."""
+    """The qft.planning.saved dropout setting of Resolved `p`: fast (bool), or torch's in its input's dtype (fp32 on
+    a CPU and without autocast) or a CUDA bool mask."""
     if p.fast_mask:
         return "fast"
     return "torch, cuda" if p.device == "cuda" and p.compute_bytes < 4 else "torch"
 
 
 def _mask_bytes(p: Resolved) -> int:
-    """Bytes a dropout mask keeps per element."""
+    """The bytes a dropout mask of Resolved `p` keeps per element."""
     return saved.nbytes("dropout", _mask_setting(p), {"t": 1, "d_in": 1}, _DTYPES)
 
 
 def _layer_activations(p: Resolved, depth: int, grad_in: bool, b: int) -> tuple[dict, bool]:
-    """Bytes one decoder layer saves for backward at micro-batch b, split into attn and mlp blocks, and
-    whether its output requires grad; each op's bytes are its row of qft.planning.saved. Upstream of the first
-    adapter nothing requires grad, so nothing is saved there. Batches are assumed padded (the conservative side):
-    with a padding mask SDPA gets k and v repeated to every head and an additive mask copy; a batch of equal
-    lengths has no mask, and then the GQA kernel keeps k and v at the KV heads (SmolLM2 at b16 s64: 5% less);
-    `padded=False` plans that."""
+    """({"attn", "mlp": bytes saved for backward}, whether the output requires grad) of decoder layer `depth` of
+    Resolved `p` at micro-batch `b`, its input requiring grad where `grad_in`; each op's bytes are its saved row.
+
+    Nothing is saved upstream of the first adapter. Batches are planned padded (SDPA then keeps k, v at every head
+    and a mask copy) unless `p.padded` is False."""
     sh, c, s = p.shape, p.compute_bytes, p.seq
     t = b * s
     autocast = c < 4
@@ -334,17 +324,10 @@ def _layer_activations(p: Resolved, depth: int, grad_in: bool, b: int) -> tuple[
 
 
 def _layer_work(p: Resolved, depth: int, b: int, held: int) -> int:
-    """Transient bytes beyond what is held across layers, while this layer runs (calibrated on this machine).
+    """The transient bytes, beyond what is held across layers, while decoder layer `depth` of Resolved `p` runs at
+    micro-batch `b`, `held` being its saved bytes (recomputed and held first under checkpointing).
 
-    Forward, at a stage's last layer with every earlier layer's activations held: the MLP product and
-    outputs, residual and norm temporaries and the embedding output the model keeps, about 4t(5h + f)
-    bytes (under autocast peft's fp32 upcasts of the LoRA inputs add half an MLP width), plus the largest
-    weight bitsandbytes dequantizes in the call (4-bit: to fp32, then to the compute dtype; int8 on CPU:
-    to its input's dtype). Backward: gradients in flight, about four fp32 hidden widths, or the fp32
-    weight 4-bit and int8 dequantize for the input gradient, less the projection's LoRA tensors already
-    freed by then. With checkpointing the layer's saved tensors are recomputed first and held meanwhile.
-    A weight held dequantized (accel.cache_dequantized) or in 16 bits needs no dequantization.
-    """
+    Terms fitted to measured steps; what each counts: docs/memory.md, "How the memory model counts"."""
     sh, c = p.shape, p.compute_bytes
     t = b * p.seq
     fwd = 4 * t * (5 * sh.hidden + (1.5 if c < 4 else 1) * sh.intermediate)
@@ -368,7 +351,8 @@ def _layer_work(p: Resolved, depth: int, b: int, held: int) -> int:
 
 
 def _group_width(p: Resolved, depth: int, names: tuple) -> int:
-    """Output width of a group qft.accel.fuse runs as one (all members present, of one backend that fuses), else 0."""
+    """The output width of projections `names` at layer `depth` of Resolved `p` where qft.accel.fuse runs them as one
+    (all present, one backend that fuses), else 0."""
     members = [l for l in p.projections if l.depth == depth and l.proj in names]
     backends = {quant.for_settings(p.quant[l.name]).name for l in members}
     if len(members) != len(names) or len(backends) != 1 or not quant.BACKENDS[backends.pop()].fuses:
@@ -380,13 +364,9 @@ def _group_width(p: Resolved, depth: int, names: tuple) -> int:
 
 @dataclass
 class LayerCost:
-    """One contiguous piece of the model, for summing over pipeline stages.
-
-    fixed: frozen weights + adapter + gradients + optimizer states, held for the whole run (bytes);
-    act: activations held per micro-batch in flight (with checkpointing, only the layer's input);
-    work: transient peak while this piece runs (with checkpointing, the recomputed layer too);
-    detail: the components of fixed and act, for the table.
-    """
+    """One contiguous piece of the model, in bytes, for summing over pipeline stages: `fixed` (frozen weights,
+    adapter, gradients, optimizer states), `act` (activations per micro-batch in flight; with checkpointing the
+    layer's input), `work` (transient peak while it runs) and `detail` (fixed's and act's components)."""
 
     name: str
     fixed: int
@@ -396,10 +376,8 @@ class LayerCost:
 
 
 def layer_costs(cfg, micro_batch: int | None = None, *, resolved: Resolved | None = None) -> list[LayerCost]:
-    """Costs of the embedding, every decoder layer and the head, in model order.
-
-    micro_batch defaults to train.batch_size / offload.micro_batches in a pipeline, else train.batch_size.
-    """
+    """The LayerCost of the embedding, every decoder layer and the head of config `cfg` (or of `resolved`), in model
+    order, at `micro_batch` (default: default_micro_batch)."""
     p = resolved or resolve(cfg)
     b = micro_batch or default_micro_batch(p)
     sh, c, t = p.shape, p.compute_bytes, b * p.seq
@@ -460,12 +438,13 @@ def layer_costs(cfg, micro_batch: int | None = None, *, resolved: Resolved | Non
 
 
 def default_micro_batch(p: Resolved) -> int:
+    """train.batch_size / offload.micro_batches in a pipeline, else train.batch_size, of Resolved `p`."""
     return p.batch // p.offload["micro_batches"] if p.offload["mode"] == "pipeline" else p.batch
 
 
 def eval_peak(p: Resolved, costs) -> int:
-    """The scorer: no gradients, a KV cache of the prompt (fp32 keys after rotary, values in the projection's
-    output dtype), one layer's forward working set and the last position's logits, at train.eval_batch_size."""
+    """The scorer's peak bytes for Resolved `p` with `costs` (layer_costs): frozen weights and adapter, the prompt's
+    KV cache, one layer's forward working set and the last position's logits, at train.eval_batch_size."""
     sh, b = p.shape, p.eval_batch
     t = b * p.seq
     kv = sh.layers * t * sh.kv_heads * sh.head_dim * (4 + 4)

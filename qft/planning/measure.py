@@ -8,16 +8,11 @@ from qft import train
 
 
 def measure_peak(fn, device: str | torch.device = "cpu") -> int:
-    """Peak bytes of tensors held during fn() beyond those held when it started.
+    """The peak bytes of tensors held on `device` while `fn()` runs, beyond those held when it started.
 
-    CUDA: the caching allocator's own counter (torch.cuda.max_memory_allocated). CPU: torch.profiler's
-    memory events, which the CPU allocator reports for every allocation and free (autograd's saved tensors,
-    kernels' internal buffers, the optimizer's temporaries), each with the allocator's running total, so the
-    peak is exact and independent of event order. A TorchDispatchMode tracker would miss buffers that
-    kernels allocate below the dispatcher; RSS would count the allocator's cache and the Python heap.
-    Frees of tensors allocated before fn() are not reported, so a step that frees earlier tensors can only
-    be overestimated, by at most their size.
-    """
+    CUDA: the caching allocator's counter; CPU: torch.profiler's memory events, every allocation and free with the
+    allocator's running total. Frees of earlier tensors are not reported, so a step freeing them is overestimated by
+    at most their size. Why not RSS or a dispatch tracker: docs/memory.md."""
     device = torch.device(device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -46,8 +41,8 @@ def measure_peak(fn, device: str | torch.device = "cpu") -> int:
 
 
 def tensor_bytes(*objects) -> int:
-    """Bytes of the distinct storages held by modules (parameters, buffers, bitsandbytes quantization
-    state) and optimizers (their state): what stays resident between steps."""
+    """The bytes of the distinct storages held by the modules and optimizers in `objects` (parameters, buffers,
+    bitsandbytes quantization state, optimizer state): what stays resident between steps."""
     seen, total = set(), 0
 
     def add(t):
@@ -79,12 +74,10 @@ def tensor_bytes(*objects) -> int:
 
 
 def measure_step(net, train_cfg, micro_batches: list, pad_id: int, dtype: torch.dtype) -> dict:
-    """Peak bytes of one training step as qft.train runs it (answer loss and backward per micro-batch,
-    clipping, AdamW step, zero_grad), measured on the second step so the optimizer states already exist.
+    """{"resident", "step", "peak"} bytes of one training step of `net` as qft.train runs it (`train_cfg`'s
+    optimizer, clipping and checkpointing; answer loss with `pad_id` under `dtype`), measured on the second step.
 
-    micro_batches: [(prompts, answers), ...] of one step. Returns resident bytes before the step (model and
-    optimizer state), the step's peak above them, and their sum.
-    """
+    `micro_batches`: [(prompts, answers), ...] of one step; resident: model and optimizer state before the step."""
     from qft.model import device_of
 
     params = [q for q in net.parameters() if q.requires_grad]

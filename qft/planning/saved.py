@@ -1,16 +1,8 @@
 """What autograd saves for backward, per op and setting: the one table the memory model's activation terms read.
 
-Each row names an op of a qft training step, a setting of the switches that decide what it saves (the compute
-dtype, the dropout mask, the speed layer's switches), and the tensors it saves, each as a shape in the step's
-dimensions and a dtype. tests/test_saved.py builds each row's op on small tensors and counts what
-`torch.autograd.graph.saved_tensors_hooks` sees saved; a row whose tensors are held on the autograd node itself
-(bitsandbytes' int8 input) says so (`hooks`), and the test checks the hooks see none of it.
-
-Dimensions: t tokens of a micro-batch (b x s), h hidden, f MLP width, d_in and d_out a projection's widths, r its
-rank, q_dim and kv_dim the attention widths SDPA gets, heads, head_dim, rows the positions the LM head runs on
-(b x (k+1)), n the answer tokens, V the vocabulary. Dtypes: fp32, int64, compute (the compute dtype), bool (one byte),
-attn (SDPA's dtype: fp32 with quant.attention_dtype=fp32, else compute), gate and up (what the gate and up
-projections return: fp32 from a 4-bit or int8 layer, else the compute dtype), input (an int8 layer's input).
+Each row names an op of a training step, a setting of the switches that decide what it saves, and the tensors it
+saves (shape in the step's dimensions, dtype). tests/test_saved.py counts what `saved_tensors_hooks` sees for each
+row's op; a row held on the autograd node itself (bitsandbytes' int8 input) says so (`hooks`).
 """
 
 from __future__ import annotations
@@ -19,8 +11,17 @@ import math
 from dataclasses import dataclass
 
 
+# Dimensions: t tokens of a micro-batch (b x s), h hidden, f MLP width, d_in and d_out a projection's widths, r its
+# rank, q_dim and kv_dim the attention widths SDPA gets, heads, head_dim, rows the positions the LM head runs on
+# (b x (k+1)), n the answer tokens, V the vocabulary. Dtypes: fp32, int64, compute (the compute dtype), bool (one
+# byte), attn (SDPA's dtype: fp32 with quant.attention_dtype=fp32, else compute), gate and up (what the gate and up
+# projections return: fp32 from a 4-bit or int8 layer, else the compute dtype), input (an int8 layer's input).
+
+
 @dataclass(frozen=True)
 class Saved:
+    """One row: what `op` saves under `setting`."""
+
     op: str
     setting: str
     tensors: tuple  # (what, shape as dimension names or ints, dtype)
@@ -74,10 +75,12 @@ _ROWS = {(row.op, row.setting): row for row in TABLE}
 
 
 def row(op: str, setting: str) -> Saved:
+    """The row of `op` under `setting`; raises KeyError where the table has none."""
     return _ROWS[(op, setting)]
 
 
 def nbytes(op: str, setting: str, dims: dict, dtypes: dict) -> int:
-    """Bytes the row saves: each tensor's elements (its shape over `dims`) times its dtype's size in `dtypes`."""
+    """The bytes row (`op`, `setting`) saves: each tensor's elements (its shape over `dims`) times its dtype's size
+    in `dtypes`."""
     return sum(math.prod(dims[d] if isinstance(d, str) else d for d in shape) * dtypes[dtype]
                for _, shape, dtype in row(op, setting).tensors)

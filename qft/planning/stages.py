@@ -1,9 +1,8 @@
 """Where a pipeline cuts the decoder: stage boundaries balanced on per-stage peak memory, from the memory model.
 
-Balanced on PEAK memory (frozen base, adapter, gradients and optimizer states plus the activations of the
-micro-batches a stage holds in flight: up to p - s in 1F1B), not on parameter counts, which a 4-bit frozen base
-makes meaningless; with a per-device budget it also picks the stages whose activations go to host memory.
-qft.pipeline runs the stages; this only plans them, so the dry-run launcher and the memory CLI need no process.
+Balanced on peak memory (fixed bytes plus the activations of the micro-batches a stage holds in flight), not on
+parameter counts, which a 4-bit base makes meaningless; with a per-device budget it also picks the stages whose
+activations go to host memory. Planning only: qft.pipeline runs the stages.
 """
 
 from __future__ import annotations
@@ -17,21 +16,17 @@ from qft.planning.footprint import GiB
 
 
 def in_flight(stage: int, stages: int, micro_batches: int, schedule: str) -> int:
-    """Micro-batches (1F1B or GPipe) of activations stage `stage` holds at its peak."""
+    """The micro-batches of activations stage `stage` of `stages` holds at its peak under `schedule` (1f1b: up to
+    min(`micro_batches`, stages - stage); gpipe: all)."""
     return micro_batches if schedule == "gpipe" else min(micro_batches, stages - stage)
 
 
 def stage_peaks(cfg, boundaries, schedule: str | None = None, micro_batches: int | None = None,
                 offload_stages=(), *, resolved: footprint.Resolved | None = None, host: list | None = None) -> list[int]:
-    """Peak device bytes of each stage of a pipeline split.
-
-    boundaries: the first layer of every stage after the first (as offload.split lists them); stage s of
-    p holds its layers' fixed bytes, the activations of the micro-batches it has in flight (1F1B: up to
-    min(m, p - s); GPipe: all m) and its largest transient; the first stage holds the embedding, the last
-    the head (and, when tied, its own copy of the embedding). An offloaded stage keeps its activations in
-    host memory and only one layer's on the device. The micro-batch is train.batch_size / micro_batches.
-    `host`, if given, receives each stage's host-memory bytes.
-    """
+    """The peak device bytes of each stage of config `cfg` split at `boundaries` (each later stage's first layer),
+    run by `schedule` over `micro_batches`, the `offload_stages` keeping activations on the host; `resolved`: a
+    footprint.Resolved to reuse; `host`, a list, receives each stage's host bytes. The first stage holds the
+    embedding, the last the head (and a tied embedding's copy)."""
     p = resolved or footprint.resolve(cfg)
     schedule = schedule or p.offload["schedule"]
     m = micro_batches or (p.offload["micro_batches"] if p.offload["mode"] == "pipeline" else 1)
@@ -54,7 +49,8 @@ HOST = "host memory: offloaded activations"  # reported beside a stage's compone
 
 
 def stage_components(p: footprint.Resolved, costs, edges, s: int, m: int, schedule: str, offloaded: bool) -> dict:
-    """Stage s's device bytes by component (plus HOST): what stage_peaks sums and the table shows."""
+    """{component: bytes} on the device of stage `s` (plus HOST) for Resolved `p`, `costs`, stage `edges`, `m`
+    micro-batches, `schedule`, `offloaded`: what stage_peaks sums and the table shows."""
 
     embed, layers, head = costs[0], costs[1:-1], costs[-1]
     n_stages = len(edges) - 1
@@ -100,6 +96,8 @@ def stage_components(p: footprint.Resolved, costs, edges, s: int, m: int, schedu
 
 @dataclass
 class Plan:
+    """A pipeline split: boundaries, offloaded stages, estimated peaks and each stage's layers."""
+
     boundaries: list  # first layer of each stage after the first
     offloaded: list  # stages whose saved activations live in host memory
     peaks: list  # estimated bytes per stage
@@ -107,9 +105,8 @@ class Plan:
 
 
 def _peak(fixed, act, lo, hi, s, p, m, schedule, off, ends, work=None) -> float:
-    """Peak bytes of stage s holding layers [lo, hi): fixed bytes, activations in flight (one
-    micro-batch's working set when offloaded), the largest transient of a layer's backward, and the
-    embedding or head at the ends."""
+    """The peak bytes of stage `s` of `p` holding layers [`lo`, `hi`): their `fixed` bytes, `act` times the
+    micro-batches in flight (one if `off`), the largest `work`, and the `ends` (embedding, head) at the ends."""
     n_act = 1 if off else in_flight(s, p, m, schedule)
     total = sum(fixed[lo:hi]) + n_act * sum(act[lo:hi]) + (max(work[lo:hi]) if work else 0)
     if s == 0:
@@ -121,7 +118,9 @@ def _peak(fixed, act, lo, hi, s, p, m, schedule, off, ends, work=None) -> float:
 
 def balance(fixed, act, stages: int, micro_batches: int, schedule: str, ends=(0.0, 0.0),
             offloaded=(), work=None) -> tuple[list, list]:
-    """Contiguous split of the layers into `stages` that minimises the largest stage peak (exact DP)."""
+    """(boundaries, peaks) of the contiguous split of the layers (`fixed`, `act`, `work` a layer) into `stages` that
+    minimises the largest stage peak by exact DP, with `micro_batches`, `schedule`, `ends`, `offloaded` as _peak
+    takes them; raises QftError (offload.stages) beyond the layer count."""
     n = len(fixed)
     if n < stages:
         raise QftError("offload.stages", stages, f"at most the number of decoder layers ({n})")
@@ -148,10 +147,13 @@ def balance(fixed, act, stages: int, micro_batches: int, schedule: str, ends=(0.
 
 
 def uniform(n: int, stages: int) -> list:
+    """The boundaries that cut `n` layers into `stages` near-equal runs."""
     return [round(n * s / stages) for s in range(1, stages)]
 
 
 def peaks_of(fixed, act, bounds, micro_batches, schedule, ends=(0.0, 0.0), offloaded=(), work=None) -> list:
+    """The _peak of each stage of the split at `bounds` of layers `fixed`, `act`, `work`, with `micro_batches`,
+    `schedule`, `ends` and `offloaded` stages."""
     edges = [0, *bounds, len(fixed)]
     p = len(edges) - 1
     return [_peak(fixed, act, edges[s], edges[s + 1], s, p, micro_batches, schedule, s in offloaded, ends, work)
@@ -160,9 +162,9 @@ def peaks_of(fixed, act, bounds, micro_batches, schedule, ends=(0.0, 0.0), offlo
 
 def plan_split(fixed, act, stages: int, micro_batches: int, schedule: str, ends=(0.0, 0.0), split="memory",
                budget: float | None = None, offload_stages="auto", work=None) -> Plan:
-    """Stage boundaries and offloaded stages. With a budget and `offload_stages=auto`, offload the fewest
-    stages (the earliest, which hold the most in flight, first) that let a balanced split fit; every copy
-    costs step time, so fewer offloaded stages is cheaper."""
+    """The Plan for `split` (memory, uniform or a list) of layers `fixed`, `act`, `work` into `stages`, with
+    `micro_batches`, `schedule`, `ends`; with `budget` bytes and `offload_stages` "auto", the fewest, earliest stages
+    offloaded that let it fit. Raises QftError (offload.device_budget_gb) where nothing fits."""
     n = len(fixed)
 
     def split_for(off):
@@ -199,7 +201,8 @@ def plan_split(fixed, act, stages: int, micro_batches: int, schedule: str, ends=
 
 
 def plan(cfg, model_type: str = "llama") -> Plan:
-    """The plan for a composed config, from the memory model's per-layer costs (no weights needed)."""
+    """The Plan of composed config `cfg` for a `model_type` decoder, from the memory model (no weights); raises
+    QftError (offload.mode) where the registry cannot stage that architecture."""
     staged = sorted(n for n, a in L.REGISTRY.items() if a.pipeline)
     if model_type not in staged:
         raise QftError("offload.mode", "pipeline", f"supports {', '.join(staged)} decoders (the registry in "

@@ -36,27 +36,28 @@ DEFAULTS = {"bits": 4, "quant_type": "nf4", "double_quant": True, "block_size": 
 
 
 def check(cfg, depth: int | None = None) -> None:
+    """Check the quant group `cfg` (depth groups against `depth` layers where known); raises QftError naming the key."""
     schema.check(cfg, "quant")
     L.check_spec(cfg, "quant", FIELDS, depth,
                  other_keys=("compute_dtype", "attention_dtype"))
 
 
 def plan(cfg, layers: list[L.Layer]) -> dict[str, dict]:
-    """The full quantization settings of every projection (`layers.resolve`'s order: overlapping depth groups,
-    later wins)."""
+    """{projection name: full settings (DEFAULTS filled in)} for each of `layers` under quant group `cfg`, resolved
+    as layers.resolve does (overlapping depth groups: later wins)."""
     return {name: {**DEFAULTS, **s} for name, s in L.resolve(cfg, layers, FIELDS).items()}
 
 
 def dequantized_weight(q: nn.Module) -> torch.Tensor:
-    """The weight a quantized projection computes with, in fp32: the 4-bit codes or the int8 rows times their scale."""
+    """The weight projection `q` computes with, in fp32 (4-bit codes or int8 rows times their scales)."""
     return (for_module(q) or BACKENDS["dense"]).weight(q)
 
 
 def dequantize(model: nn.Module) -> nn.Module:
-    """Replace every bitsandbytes projection (and Dequantized one) of an unwrapped model by an fp32 nn.Linear holding
-    exactly the weight it computed with: the base to merge a trained adapter into for deployment
-    (`PeftModel.from_pretrained(dequantize(base), adapter).merge_and_unload()`); merging into the 4-bit base itself
-    re-quantizes the sum, which loses most of a small adapter."""
+    """`model` (unwrapped) with every quantized or Dequantized projection replaced, in place, by an fp32 nn.Linear
+    holding exactly the weight it computed with.
+
+    The base to merge an adapter into: merging into the 4-bit base re-quantizes the sum and loses most of it."""
     for name, module in list(model.named_modules()):
         if for_module(module) is not None and type(module) is not nn.Linear:
             linear = nn.Linear(module.in_features, module.out_features, bias=module.bias is not None,
@@ -70,13 +71,11 @@ def dequantize(model: nn.Module) -> nn.Module:
 
 def quantize(model: nn.Module, cfg, layers: list[L.Layer], device: torch.device,
              cache: Path | None = None, dequantize: bool = False) -> dict[str, dict]:
-    """Swap every projection in place and move the model to `device`; return each projection's settings.
-    `dequantize` (the accel switch cache_dequantized): keep the frozen 4-bit weights dequantized, same numbers.
+    """Quantize each of `layers` in `model` in place per quant group `cfg`, move `model` to `device`; returns plan().
 
-    With `cache` (a file named by the model's fingerprint and these settings), the quantized tensors are
-    stored once and later runs rebuild the modules from them: bitsandbytes' CPU quantization is most of a
-    sweep run's start-up, and it is deterministic, so the rebuilt base is the same tensors.
-    """
+    `cache` (cache_file's path): the quantized tensors are stored once and rebuilt from there by later runs, the RNG
+    left as quantizing leaves it; `dequantize` (accel.cache_dequantized): 4-bit weights held dequantized, same numbers.
+    Why the cache: bitsandbytes' CPU quantization is deterministic and most of a sweep run's start-up."""
     from safetensors.torch import load_file
 
     compute_dtype = dtype_of(cfg.compute_dtype, device)
@@ -122,7 +121,7 @@ def quantize(model: nn.Module, cfg, layers: list[L.Layer], device: torch.device,
 
 
 def _save(path: Path, tensors: dict) -> None:
-    """Whole or not at all: parallel sweep jobs may fill the same entry."""
+    """Write `tensors` to `path` atomically: parallel sweep jobs may fill the same entry."""
     from safetensors.torch import save_file
 
     atomic.write(path, lambda tmp: save_file(tensors, tmp))
@@ -130,8 +129,8 @@ def _save(path: Path, tensors: dict) -> None:
 
 def cache_file(cfg, layers: list[L.Layer], fingerprint: str, device: torch.device, cache_dir,
                dequantized: bool = False) -> Path:
-    """Where a base quantized with these settings is kept: named by the model and every setting that
-    changes the quantized tensors (and the bitsandbytes version that made them)."""
+    """The cache path under `cache_dir` for `layers` quantized per `cfg` on `device` (`dequantized` or not) from the
+    weights of `fingerprint`: named by the hash of all that and the bitsandbytes version."""
     import json
     from importlib.metadata import version
 
@@ -142,12 +141,13 @@ def cache_file(cfg, layers: list[L.Layer], fingerprint: str, device: torch.devic
 
 
 def module_bytes(module: nn.Module) -> int:
-    """Bytes a projection's frozen weight really holds, quantization statistics included."""
+    """The bytes projection `module`'s frozen weight really holds, quantization statistics included."""
     return (for_module(module) or Backend()).module_bytes(module)
 
 
 def base_bytes(model: nn.Module, layers: list[L.Layer]) -> dict[str, int]:
-    """Bytes of the frozen base per layer type, plus `other` (embeddings, norms, head) and `total`."""
+    """The bytes of `model`'s frozen base per layer type of `layers`, plus `other` (embeddings, norms, head; tied
+    tensors once) and `total`."""
     out = defaultdict(int)
     seen = set()
     for layer in layers:
@@ -163,7 +163,7 @@ def base_bytes(model: nn.Module, layers: list[L.Layer]) -> dict[str, int]:
 
 
 def describe(module: nn.Module) -> str:
-    """`nf4`, `fp4`, `int8` or the dtype of a plain linear: what a test checks after mixed quantization."""
+    """`nf4`, `fp4`, `int8`, or the weight dtype of plain linear `module`."""
     return (for_module(module) or Backend()).describe(module)
 
 

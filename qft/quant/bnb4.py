@@ -9,11 +9,13 @@ from qft.quant.registry import Backend, register
 
 
 def _bytes(q: nn.Module) -> int:
+    """The bytes of `q`'s own parameters and buffers."""
     return sum(t.numel() * t.element_size() for t in list(q.parameters(recurse=False)) + list(q.buffers(recurse=False)))
 
 
 def linear4bit_bytes(q: nn.Module) -> int:
-    """The packed codes plus the quantization statistics (absmax, nested absmax, code, offset)."""
+    """The bytes of 4-bit `q`: the packed codes plus the quantization statistics (absmax, nested absmax, code,
+    offset)."""
     total = _bytes(q)
     qs = q.weight.quant_state
     for t in (qs.absmax, qs.code, getattr(qs, "offset", None)):
@@ -24,13 +26,10 @@ def linear4bit_bytes(q: nn.Module) -> int:
 
 
 class Dequantized(nn.Linear):
-    """A frozen 4-bit projection dequantized once, in the compute dtype.
+    """A frozen 4-bit projection `q` dequantized once into the compute dtype: the same values, still the QLoRA model.
 
-    bitsandbytes dequantizes a 4-bit weight to the compute dtype in every forward and again in every
-    backward, and then runs a plain matmul; the weight never changes in QLoRA, so doing it once gives the
-    same numbers without the per-step cost, at 2 bytes a weight instead of about 0.5. The weight holds the
-    quantized values exactly (dequantized from the 4-bit codes), so the model is still the QLoRA model.
-    """
+    bitsandbytes dequantizes in every forward and backward; the frozen weight never changes, so once gives the same
+    numbers without that cost, at 2 bytes a weight instead of about 0.5."""
 
     def __init__(self, q: nn.Module):
         import bitsandbytes.functional as bf
@@ -49,7 +48,7 @@ class Dequantized(nn.Linear):
 
 
 def dequantize_as_gemm(w, dtype: torch.dtype) -> torch.Tensor:
-    """A 4-bit weight in `dtype`, computed as bitsandbytes' own 4-bit matmul computes it (gemm_4bit on CPU)."""
+    """4-bit weight `w` in `dtype`, computed as bitsandbytes' own 4-bit matmul computes it (gemm_4bit on CPU)."""
     qs = w.quant_state
     absmax = qs.absmax
     if qs.nested:
@@ -60,6 +59,8 @@ def dequantize_as_gemm(w, dtype: torch.dtype) -> torch.Tensor:
 
 
 class FourBit(Backend):
+    """4-bit NF4 or FP4 (`Linear4bit`, double quantization and block size from the settings), or Dequantized."""
+
     name, bits, quant_types = "bnb4", 4, ("nf4", "fp4")
     output_in_input_dtype = True  # bitsandbytes returns its input's dtype; so does Dequantized
     holds_dequantized = True

@@ -8,6 +8,8 @@ from qft.quant.registry import Backend, register
 
 
 class Dense(Backend):
+    """16 bits: the frozen weight as a plain nn.Linear in the compute dtype."""
+
     name, bits, modules = "dense", 16, (nn.Linear,)
     fuses = True
 

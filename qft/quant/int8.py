@@ -11,8 +11,8 @@ from qft.quant.registry import Backend, register
 
 
 class _Once(logging.Filter):
-    """bitsandbytes logs "inputs will be cast ... to float16" at every LLM.int8 matmul of an evaluation (about 50,000
-    lines, 8 MB, a scoring pass of a 135M model); each distinct message once is the same news."""
+    """A logging filter that passes each distinct message once: bitsandbytes logs "inputs will be cast ... to
+    float16" at every LLM.int8 matmul of an evaluation."""
 
     def __init__(self):
         super().__init__()
@@ -31,6 +31,8 @@ CAST_LOG.addFilter(_Once())
 
 
 class Int8(Backend):
+    """8-bit LLM.int8 (`Linear8bitLt`, threshold from the settings)."""
+
     name, bits = "int8", 8
     pins_input = True  # bitsandbytes' int8 matmul keeps its input on its autograd node (ctx.A)
 

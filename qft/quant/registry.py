@@ -1,8 +1,7 @@
 """Quantization backends: one class per kind of frozen projection, found by its settings or by its module.
 
-Every place that used to ask "is this 4-bit?" (building, caching, describing, counting bytes, the memory model,
-qft.accel.fuse) asks the backend instead, so a new kind is one file: a subclass of `Backend` in qft/quant/ (imported
-with the package) or anywhere else, then `register(...)`.
+Building, caching, describing, counting bytes, the memory model and qft.accel.fuse ask the backend, so a new kind is
+one file: a subclass of `Backend` in qft/quant/ (imported with the package) or anywhere else, then `register(...)`.
 """
 
 from __future__ import annotations
@@ -14,8 +13,8 @@ BACKENDS: dict[str, "Backend"] = {}
 
 
 class Backend:
-    """What qft needs of one kind of frozen projection. The defaults fit a module that is an nn.Linear subclass
-    holding its weight as a tensor it computes with."""
+    """What qft needs of one kind of frozen projection; the defaults fit an nn.Linear subclass that computes with
+    the weight tensor it holds. `s` below is one projection's quantization settings (quant.plan)."""
 
     name: str = ""
     bits: int = 16
@@ -27,10 +26,11 @@ class Backend:
     fuses = False  # qft.accel.fuse can run a group of its projections as one (see fuse_kind)
 
     def quantize(self, linear: nn.Linear, s: dict, compute_dtype: torch.dtype, device) -> nn.Module:
+        """The frozen module that replaces `linear` under settings `s`, computing in `compute_dtype` on `device`."""
         raise NotImplementedError
 
     def tensors(self, q: nn.Module) -> dict[str, torch.Tensor]:
-        """What rebuilds the module without quantizing again (the quantized-base cache)."""
+        """The tensors of `q` that rebuild it without quantizing again (the quantized-base cache)."""
         out = {"weight": q.weight.data}
         if q.bias is not None:
             out["bias"] = q.bias.data
@@ -38,19 +38,20 @@ class Backend:
 
     def rebuild(self, t: dict, s: dict, in_f: int, out_f: int, compute_dtype: torch.dtype, device,
                 at: str | None) -> nn.Module:
-        """The module from `tensors`; built on `at` ("meta" or None: the default device, drawing the RNG as
-        `quantize` draws it)."""
+        """The module of settings `s` and shape (`in_f`, `out_f`) from `t` (what `tensors` gave), on `device`; built
+        on `at` ("meta", or None: the default device, drawing the RNG as `quantize` draws it)."""
         raise NotImplementedError
 
     def dequantized(self, q: nn.Module) -> nn.Module:
-        """The module with its weight held dequantized in the compute dtype (accel.cache_dequantized)."""
+        """`q` with its weight held dequantized in the compute dtype (accel.cache_dequantized); `q` itself here."""
         return q
 
     def weight(self, q: nn.Module) -> torch.Tensor:
-        """The weight the module computes with, in fp32."""
+        """The weight `q` computes with, in fp32."""
         return q.weight.data.float()
 
     def describe(self, q: nn.Module) -> str:
+        """What `q` holds: its format (nf4, fp4, int8) or its weight's dtype name."""
         return str(q.weight.dtype).replace("torch.", "")
 
     def format(self, s: dict, compute_dtype: str) -> str:
@@ -58,24 +59,27 @@ class Backend:
         return {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[compute_dtype]
 
     def module_bytes(self, q: nn.Module) -> int:
-        """Bytes the module's frozen weight really holds."""
+        """The bytes `q`'s frozen weight really holds, statistics included."""
         return sum(t.numel() * t.element_size() for t in list(q.parameters(recurse=False)) +
                    list(q.buffers(recurse=False)))
 
     def weight_bytes(self, s: dict, in_f: int, out_f: int, compute_bytes: int, bias: bool) -> int:
-        """`module_bytes` in closed form, from the settings alone (the memory model plans on the meta device)."""
+        """`module_bytes` in closed form from settings `s`, shape (`in_f`, `out_f`), `compute_bytes` a value and
+        `bias`: the memory model plans on the meta device."""
         raise NotImplementedError
 
     def work_bytes(self, n: int, compute_bytes: int, device: str) -> tuple[int, int]:
-        """Transient bytes of one call on an n-weight projection, forward and backward (a dequantized copy)."""
+        """(forward, backward) transient bytes of one call on an `n`-weight projection on `device` (a dequantized
+        copy at `compute_bytes` a value)."""
         return 0, 0
 
-    # qft.accel.fuse: "stored" runs a group on one concatenated weight tensor (each member's weight a view of it);
-    # "computed" makes the group's weight per use with `fused_weight`; None runs the module on its own.
     def fuse_kind(self, q: nn.Module) -> str | None:
+        """How qft.accel.fuse may group `q`: "stored" (one concatenated weight, each member's a view of it),
+        "computed" (the group's weight made per use by `fused_weight`) or None (run alone)."""
         return None
 
     def compute_dtype(self, q: nn.Module) -> torch.dtype:
+        """The dtype `q`'s matmul runs in."""
         return q.weight.dtype
 
     def fusable(self, q: nn.Module, device: torch.device) -> bool:
@@ -83,11 +87,12 @@ class Backend:
         return False
 
     def fused_weight(self, q: nn.Module, dtype: torch.dtype) -> torch.Tensor:
+        """The weight `q` computes with, made in `dtype` as its own forward makes it (fuse_kind "computed")."""
         raise NotImplementedError
 
 
 def register(backend: Backend) -> Backend:
-    """Add a backend; its (bits, quant_type) must not overlap another's."""
+    """Add `backend` to BACKENDS and return it; raises ValueError where its (bits, quant_types) overlap another's."""
     for other in BACKENDS.values():
         if other.name != backend.name and other.bits == backend.bits and (
                 not other.quant_types or not backend.quant_types or set(other.quant_types) & set(backend.quant_types)):
@@ -97,6 +102,7 @@ def register(backend: Backend) -> Backend:
 
 
 def for_settings(s: dict) -> Backend:
+    """The backend serving settings `s` (bits, quant_type); raises KeyError where none does."""
     for b in BACKENDS.values():
         if b.bits == s["bits"] and (not b.quant_types or s.get("quant_type") in b.quant_types):
             return b
@@ -104,7 +110,7 @@ def for_settings(s: dict) -> Backend:
 
 
 def for_module(q: nn.Module) -> Backend | None:
-    """The backend that built `q` (exact class: a subclass of nn.Linear is not a 16-bit projection)."""
+    """The backend that built `q`, by exact class (a subclass of nn.Linear is not a 16-bit projection), or None."""
     for b in BACKENDS.values():
         if type(q) in b.modules:
             return b
@@ -112,8 +118,10 @@ def for_module(q: nn.Module) -> Backend | None:
 
 
 def bits() -> list[int]:
+    """The bit widths the registered backends serve, sorted."""
     return sorted({b.bits for b in BACKENDS.values()})
 
 
 def quant_types() -> list[str]:
+    """The 4-bit formats (quant.*.quant_type) the registered backends serve."""
     return [t for b in BACKENDS.values() for t in b.quant_types]

@@ -1,7 +1,6 @@
 """Will this config fit on my GPU? A memory model of one qft training step, from the composed config alone.
 
-The model itself is qft.planning.footprint (what a step holds, layer by layer) and qft.planning.stages (how a pipeline splits it);
-this is the question a user asks of them, a table, and what would fit instead.
+Asks qft.planning.footprint and qft.planning.stages; prints a table, and what would fit instead.
 
     python -m qft.tools.memory model=llama2_7b device=cuda train.batch_size=4 data.max_length=512
     python -m qft.tools.memory model=llama3_70b device=cuda offload.device_budget_gb=24   # fits? if not, what would
@@ -22,7 +21,7 @@ from qft.planning.stages import HOST, stage_components, stage_peaks
 
 @dataclass
 class Estimate:
-    """Peak device memory of a config's training step, broken down; `peak` is the most loaded device's."""
+    """The peak device memory of a config's training step, broken down; `peak` is the most loaded device's."""
 
     model: str
     device: str
@@ -42,12 +41,14 @@ class Estimate:
 
     @property
     def peak(self) -> int:
+        """The most loaded stage's peak bytes."""
         return max(self.stage_peaks)
 
 
 def estimate(cfg, source=None, answer_tokens: int | None = None, answer_rows: int | None = None,
              padded: bool = True, files: bool = True) -> Estimate:
-    """Per-device peak memory of one training step of `cfg`, from the config alone (no weights); see qft.planning.footprint.resolve."""
+    """The Estimate of one training step of config `cfg`, from the config alone (no weights); `source`,
+    `answer_tokens`, `answer_rows`, `padded` and `files` as qft.planning.footprint.resolve takes them."""
     p = resolve(cfg, source, answer_tokens, answer_rows, padded, files)
     off = p.offload
     if off["mode"] == "pipeline":
@@ -70,7 +71,7 @@ def estimate(cfg, source=None, answer_tokens: int | None = None, answer_rows: in
 # ----------------------------------------------------------------------------------------------- what would fit
 
 def _with(cfg, changes: dict):
-    """A copy of cfg with dotted keys set."""
+    """A copy of `cfg` with the dotted keys of `changes` set."""
     from omegaconf import OmegaConf, open_dict
 
     out = copy.deepcopy(cfg)
@@ -81,7 +82,7 @@ def _with(cfg, changes: dict):
 
 
 def _four_bit(cfg) -> dict:
-    """Every projection's frozen base at 4 bits (NF4), wherever the config sets more."""
+    """The overrides that put every projection of `cfg`'s frozen base at 4 bits (NF4) wherever it sets more."""
     changes = {f"quant.{lt}.bits": 4 for lt in L.LAYER_TYPES if cfg.quant[lt].bits != 4}
     for proj, entry in (cfg.quant.projections or {}).items():
         if (entry or {}).get("bits", 4) != 4:
@@ -93,6 +94,7 @@ def _four_bit(cfg) -> dict:
 
 
 def _peak_of(cfg, source, answer_tokens) -> int | None:
+    """estimate(`cfg`, `source`, `answer_tokens`).peak, or None where a pipeline cannot fit its budget."""
     try:
         return estimate(cfg, source, answer_tokens).peak
     except QftError as e:  # a pipeline that cannot fit the budget says so through its planner
@@ -102,10 +104,9 @@ def _peak_of(cfg, source, answer_tokens) -> int | None:
 
 
 def suggestions(cfg, budget_bytes: float, source=None, answer_tokens: int | None = None) -> list[dict]:
-    """Settings that would bring the peak under budget_bytes, each with its estimated peak: gradient
-    checkpointing, activation offload, a smaller batch with more accumulation (same effective batch),
-    4-bit instead of 8/16-bit, pipeline stages; then the same on top of checkpointing when no single
-    change fits. Rows: {"overrides": str, "peak": bytes or None, "fits": bool}."""
+    """Rows {"overrides", "peak" (bytes or None), "fits"} of settings that would bring `cfg`'s peak under
+    `budget_bytes`: checkpointing, activation offload, a smaller batch with more accumulation, 4 bits, pipeline
+    stages; then each on top of checkpointing where no single change fits. `source`, `answer_tokens` as estimate's."""
     from qft import model
 
     source = source or model.resolve(cfg.model, cfg.cache_dir)
@@ -170,7 +171,7 @@ def suggestions(cfg, budget_bytes: float, source=None, answer_tokens: int | None
 
 
 def _eval_batch_that_fits(cfg, source, budget_bytes: float) -> tuple[int, int] | None:
-    """The largest power-of-two evaluation batch below the configured one whose scoring peak fits."""
+    """The largest power-of-two evaluation batch below `cfg`'s whose scoring peak fits `budget_bytes`, or None."""
     b = cfg.train.eval_batch_size
     for cand in sorted((2 ** i for i in range(b.bit_length()) if 2 ** i < b), reverse=True):
         peak = estimate(_with(cfg, {"train.eval_batch_size": cand}), source).eval_peak
@@ -185,13 +186,14 @@ def _overrides(changes: dict) -> str:
 
 
 def _show(v) -> str:
+    """Override value `v` as written on a command line."""
     return str(v).lower() if isinstance(v, bool) else f"{v:g}" if isinstance(v, float) else str(v)
 
 
 # ----------------------------------------------------------------------------------------------- the CLI
 
 def table(est: Estimate) -> str:
-    """The breakdown as a markdown table in GiB."""
+    """Estimate `est` as a markdown table in GiB."""
     lines = [f"{est.model} on {est.device} ({est.compute_dtype} compute), batch {est.batch} x seq {est.seq}, "
              f"answer {est.answer} tokens, {est.params:,} trainable parameters, offload.mode={est.mode}",
              "", "| component | GiB |", "|---|---:|"]
@@ -210,6 +212,7 @@ def table(est: Estimate) -> str:
 
 
 def main(argv=None) -> int:
+    """The command line: `argv` as Hydra overrides; returns the exit status (2 on bad input)."""
     from qft import config
 
     cfg = config.compose(argv, "qft.tools.memory", __doc__)

@@ -1,10 +1,8 @@
 """Merge a run's adapter into its base for deployment: `python -m qft.tools.merge RUN_DIR OUT_DIR`.
 
-The base is rebuilt from the run's record as the run built it (loaded, quantized per layer type with its config),
-then dequantized to a plain float copy holding exactly the weights the run computed with; the saved adapter is
-loaded onto it with stock `peft.PeftModel.from_pretrained` and merged (`merge_and_unload`). Merging into the
-quantized base itself would re-quantize base + adapter and lose most of a small adapter. OUT_DIR is a Hugging Face
-folder (safetensors and the tokenizer) that `transformers.AutoModelForCausalLM.from_pretrained` loads.
+The base is rebuilt and quantized as the run did, then dequantized to the exact weights it computed with; stock
+peft loads the adapter onto it and merges it (merging into the quantized base would lose most of the adapter).
+OUT_DIR is a Hugging Face folder that `AutoModelForCausalLM.from_pretrained` loads.
 """
 
 from __future__ import annotations
@@ -26,7 +24,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # offline, as `python -m qft` (qft
 
 
 def merge(run_dir: Path, out_dir: Path) -> int:
-    """Write the merged model and its tokenizer to `out_dir` (a new or empty folder); return its parameter count."""
+    """Write the run in `run_dir`'s merged model and tokenizer to `out_dir` (a new or empty folder); returns its
+    parameter count. Raises QftError (RUN_DIR, OUT_DIR) on a bad run or a non-empty folder."""
     from peft import PeftModel
 
     rec, cfg = read_run(run_dir, classification=False)
@@ -54,6 +53,7 @@ def merge(run_dir: Path, out_dir: Path) -> int:
 
 
 def main(argv=None) -> int:
+    """The command line (`argv`: RUN_DIR OUT_DIR); returns the exit status (2 on bad input)."""
     ap = argparse.ArgumentParser(prog="python -m qft.tools.merge", description=__doc__.split("\n\n")[0])
     ap.add_argument("run_dir", help="a run directory of python -m qft (result.json and adapter/)")
     ap.add_argument("out_dir", help="a new or empty folder for the merged Hugging Face model")

@@ -1,15 +1,9 @@
 """Seeds and test size a study needs, from pilot records: `python -m qft.tools.power RECORDS... --delta 0.02`.
 
-From records with per-example scores it estimates, over every pair of trained configurations scored on the same
-seeds and examples, the crossed variance components of a paired difference (seed, example, residual; qft.stats),
-and prints for several test sizes the seeds needed to find a difference of delta and to show equivalence within the
-margin, each at 80% power after a Bonferroni share of alpha for the declared family (Holm is never less powerful),
-and the wall-clock hours that implies from the records' own run times on this CPU kind. Records of several run kinds
-plan together as the report reads them: a pair (two cells of one seed) on one kind, pairs pooled across kinds, a pair
-across kinds left out and named. From records without them it
-can only use the seed-to-seed spread at the records' test size, and says so. `--simulate SEEDS` checks the chosen
-seed count against the report's own test (the generalized interval, not the t the table prices with), with the seed
-component as estimated and at 2x and 4x it, since a few seeds estimate it loosely.
+From the crossed variance components of paired differences (qft.stats) it prints, per test size, the seeds needed
+to find delta and to show equivalence at 80% power (a Bonferroni share of alpha for the family), and the hours that
+takes on this CPU kind; pairs across run kinds are left out and named. `--simulate SEEDS` checks a seed count against
+the report's own test, at the seed component as estimated and at multiples of it (docs/studies.md).
 """
 
 from __future__ import annotations
@@ -31,6 +25,7 @@ MAX_SEEDS = 100
 
 
 def runs(paths) -> list[tuple[Path, dict]]:
+    """(run folder, record) of every ok record at or under `paths`; raises QftError (RECORDS) where there is none."""
     out = []
     for p in map(Path, paths):
         if not p.exists():
@@ -43,7 +38,8 @@ def runs(paths) -> list[tuple[Path, dict]]:
 
 
 def scores(run_dir: Path, rec: dict, metric: str) -> tuple[np.ndarray, np.ndarray] | None:
-    """(example ids, per-example score) of the final test evaluation: correctness or the gold label's log-likelihood."""
+    """(example ids, per-example score) of record `rec`'s final test evaluation in `run_dir`, the score per `metric`:
+    correctness ("accuracy") or the gold label's log-likelihood ("loglik"); None where it kept none."""
     ex = record.read_examples(run_dir, rec)
     if not ex or "final.test" not in ex:
         return None
@@ -56,8 +52,8 @@ def scores(run_dir: Path, rec: dict, metric: str) -> tuple[np.ndarray, np.ndarra
 
 
 def by_config(recs, metric: str) -> dict:
-    """cell key (qft.record.cell_key: one cell whatever kind ran it) -> {seed: (ids, scores, test accuracy, run kind,
-    run folder)} for trained cells."""
+    """{cell key (qft.record.cell_key): {seed: (ids, scores, test accuracy, run kind, run folder)}} of the trained
+    cells among `recs`, scored per `metric`."""
     out: dict = {}
     for run_dir, rec in recs:
         if not (rec.get("trainable_params") or {}).get("total"):
@@ -70,21 +66,21 @@ def by_config(recs, metric: str) -> dict:
 
 
 def _paired(a: dict, b: dict) -> list:
-    """The seeds two cells share whose two records ran on one run kind, as the report pairs them."""
+    """The seeds cells `a` and `b` share whose two records ran on one run kind, as the report pairs them."""
     return sorted(s for s in set(a) & set(b) if frame.one_kind(a[s][3], b[s][3]))
 
 
 def refused(configs: dict) -> list[str]:
-    """Each pair of records of one seed in two cells that ran on different run kinds, named: left out of the
-    components, as the report leaves it out of a contrast."""
+    """A line naming each pair of records of one seed in two cells of `configs` that ran on different run kinds,
+    left out of the components as the report leaves them out of a contrast."""
     return [f"seed {s}: {Path(a[s][4]).name} on {a[s][3]}; {Path(b[s][4]).name} on {b[s][3]}"
             for a, b in itertools.combinations(configs.values(), 2) for s in sorted(set(a) & set(b))
             if not frame.one_kind(a[s][3], b[s][3])]
 
 
 def components(configs: dict) -> tuple[dict, int, int] | None:
-    """Pooled crossed variance components over every pair of cells sharing seeds and examples, each seed's pair on
-    one run kind (pairs pool across kinds: a kind's effect on a contrast is then part of its seed component)."""
+    """(pooled crossed variance components, seeds, examples) over every pair of cells of `configs` sharing seeds and
+    examples, each seed's pair on one run kind (a kind's effect then joins the seed component); None without one."""
     pooled, weight, shape = {"seed": 0.0, "example": 0.0, "residual": 0.0}, 0.0, None
     for a, b in itertools.combinations(configs.values(), 2):
         seeds = _paired(a, b)
@@ -106,6 +102,8 @@ def components(configs: dict) -> tuple[dict, int, int] | None:
 
 
 def seeds_needed(comp: dict, examples: int, want, alpha: float) -> int | None:
+    """The fewest seeds (2 to MAX_SEEDS) at which `want(se, df, alpha)`, a power function, reaches 0.8 with
+    components `comp` and `examples`; None beyond."""
     for s in range(2, MAX_SEEDS + 1):
         se, df = stats.design_se(comp, s, examples), stats.design_df(comp, s, examples)
         if want(se, df, alpha) >= 0.8:
@@ -114,9 +112,8 @@ def seeds_needed(comp: dict, examples: int, want, alpha: float) -> int | None:
 
 
 def simulated_power(comp: dict, seeds: int, examples: int, delta: float, alpha: float, studies: int) -> float:
-    """Share of simulated studies in which the report's own test (stats.paired: the generalized interval) finds a true
-    difference delta at level alpha: normal seed, example and residual effects with these components (per-example
-    correctness is 0/1, so this is the large-sample picture). A fixed stream: the same inputs give the same number."""
+    """The share of `studies` simulated studies (`seeds` x `examples`, normal effects with components `comp`) in
+    which stats.paired finds true difference `delta` at level `alpha`; a fixed stream, so a fixed answer."""
     rng = np.random.default_rng(20261204)
     sd = {k: math.sqrt(comp[k]) for k in ("seed", "example", "residual")}
     found = 0
@@ -128,7 +125,8 @@ def simulated_power(comp: dict, seeds: int, examples: int, delta: float, alpha: 
 
 
 def hours_per_run(recs, cpu_kind: str | None) -> tuple[float | None, float | None, str]:
-    """Seconds of one run's training and of scoring one example, from records made on this CPU kind."""
+    """(seconds of one run's training, seconds to score one example, a note of the source) from the records of
+    `recs` made on `cpu_kind`, or from all of them where none was (rough, the note says)."""
     same = [r for _, r in recs if (r.get("execution") or {}).get("cpu_kind") == cpu_kind]
     note = f"from {len(same)} records made on this CPU kind ({cpu_kind})"
     if not same:
@@ -144,6 +142,9 @@ def hours_per_run(recs, cpu_kind: str | None) -> tuple[float | None, float | Non
 
 def plan(paths, delta: float, margin: float, alpha: float, family: int, cells: int | None, metric: str,
          sizes=SIZES, simulate: int | None = None, studies: int = 400) -> str:
+    """The power table for the records at `paths`: seeds to find `delta` and to show equivalence within `margin` at
+    `alpha` / `family`, per test size in `sizes`, for `cells` configurations (default: the records'), per `metric`;
+    with `simulate` seeds, `studies` simulated studies of the report's own test."""
     recs = runs(paths)
     configs = by_config(recs, metric)
     cells = cells or max(len(configs), 1)
@@ -217,6 +218,7 @@ def plan(paths, delta: float, margin: float, alpha: float, family: int, cells: i
 
 
 def parser() -> argparse.ArgumentParser:
+    """The command line's argument parser."""
     ap = argparse.ArgumentParser(prog="python -m qft.tools.power", description=__doc__.split("\n\n")[0])
     ap.add_argument("records", nargs="+", help="folders of pilot result records")
     ap.add_argument("--delta", type=float, default=0.02, help="the difference to find (default 0.02)")
@@ -234,6 +236,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    """The command line (`argv`); returns the exit status (2 on bad input)."""
     args = parser().parse_args(argv)
     try:
         for key, v in (("--delta", args.delta), ("--alpha", args.alpha)):

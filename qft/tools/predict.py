@@ -1,10 +1,8 @@
 """Score new texts with a trained adapter: `python -m qft.tools.predict RUN_DIR texts.csv [--out predictions.csv]`.
 
-The run's record says everything needed to rebuild what it scored with: the base model, quantized per layer type as
-the run quantized it, the adapter it saved (stock PEFT safetensors), the prompt frame, the text budget and the label
-words. Each text is framed and scored as the run's own test split was (qft.evaluate.label_scores), and one row per
-text is written: the text, the predicted label word, and the log-likelihood of every label word (and, where the file
-has a label column, the gold label; the accuracy is printed).
+The run's record rebuilds what it scored with (base, quantization, saved adapter, prompt frame, label words); each
+text is scored as the run's test split was, one row a text: the text, the predicted label word, every label word's
+log-likelihood (and, given a label column, the gold label, with the accuracy printed).
 """
 
 from __future__ import annotations
@@ -25,7 +23,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # offline, as `python -m qft` (qft
 
 
 def read_run(run_dir: Path, classification: bool = True):
-    """An ok run's record and its config, the cache this machine's (not the run's); bad input is a QftError."""
+    """(record, config) of the ok run in `run_dir` (a `classification` run where asked), the cache set to this
+    machine's; raises QftError (RUN_DIR) otherwise."""
     rec = record.read(run_dir)
     if rec is None:
         raise QftError("RUN_DIR", str(run_dir), f"no readable {record.RECORD} there: a run directory of python -m qft")
@@ -39,8 +38,8 @@ def read_run(run_dir: Path, classification: bool = True):
 
 
 def adapter_folder(run_dir: Path, rec: dict, name: str) -> Path:
-    """The run's adapter folder holding `name`: where its record says, else the run directory's own adapter/ (the
-    run directory was moved since it ran); a QftError where neither holds it."""
+    """The adapter folder holding file `name` of run `rec`: where the record says, else `run_dir`/adapter (a moved
+    run directory); raises QftError (RUN_DIR) where neither holds it."""
     for folder in (Path(rec.get("adapter_dir") or run_dir / "adapter"), run_dir / "adapter"):
         if (folder / name).is_file():
             return folder
@@ -48,7 +47,7 @@ def adapter_folder(run_dir: Path, rec: dict, name: str) -> Path:
 
 
 def load(run_dir: Path):
-    """The run's model (quantized base + its trained adapter), tokenizer, config and label words, for scoring."""
+    """(model: quantized base + trained adapter, tokenizer, config, label words) of the run in `run_dir`."""
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
 
@@ -65,7 +64,8 @@ def load(run_dir: Path):
 
 
 def predict(run_dir: Path, texts: list[str], batch_size: int = 32) -> tuple[list[str], torch.Tensor, list[str]]:
-    """Predicted label words and the (n, labels) log-likelihoods of `texts` under the run's trained model."""
+    """(predicted label words, (n, labels) log-likelihoods) of `texts` under the trained model of `run_dir`, scored in
+    batches of `batch_size`."""
     net, tokenizer, cfg, words, device = load(run_dir)
     prompts, label_tokens = data.frame_texts(cfg.data, tokenizer, texts, words)
     scores = evaluate.label_scores(net, prompts, label_tokens, tokenizer.pad_token_id, batch_size,
@@ -74,6 +74,7 @@ def predict(run_dir: Path, texts: list[str], batch_size: int = 32) -> tuple[list
 
 
 def main(argv=None) -> int:
+    """The command line (`argv`); returns the exit status (2 on bad input)."""
     ap = argparse.ArgumentParser(prog="python -m qft.tools.predict", description=__doc__.split("\n\n")[0])
     ap.add_argument("run_dir", help="a run directory of python -m qft (result.json and adapter/)")
     ap.add_argument("texts", help="a .csv, .tsv, .json or .jsonl file of texts")

@@ -1,14 +1,10 @@
 """Simulated paired studies shaped like sparse per-example correctness records: 5 seeds x 2,160 documents of -1/0/+1
-differences (correct(A) - correct(B)), fitted to finding 1's and finding 3's committed records (Reuters R8's official
-test split). Experiments/finding2/size_check.py and tests/test_size.py draw from it, so the minimum-effect test's size
-is checked on one shape.
+differences, fitted to finding 1's and finding 3's committed records; experiments/finding2/size_check.py and
+tests/test_size.py draw from it.
 
-Document i is discordant in a seed with chance pi_i (a zero-inflated beta-binomial fitted to the pairs of 5-seed
-cells whose mean difference lies near the margin); a discordant (seed s, document i) goes to side A with chance
-expit(theta + a_s + b_i): a_s moves every discordant document of a seed one way, b_i makes the difference come from a
-fixed set of documents. `calibrate` solves theta, sd(a) and sd(b) for a true mean difference and target seed and
-example components of the crossed model. Seed laws, each at unit variance before scaling: normal; two-point (a seed
-goes one way or the other); contaminated (one seed in ten from a law 4x as wide, heavy-tailed).
+A document is discordant with chance pi_i (zero-inflated beta-binomial), a discordant (seed s, document i) goes to A
+with chance expit(theta + a_s + b_i); `calibrate` solves theta, sd(a), sd(b) for a target. Seed laws: normal,
+two-point, contaminated (one seed in ten from a law WIDE_SCALE as wide).
 """
 from __future__ import annotations
 
@@ -30,8 +26,8 @@ WIDE_VAR = 1 - WIDE + WIDE * WIDE_SCALE ** 2
 
 
 def pairs(sources=SOURCES) -> list[np.ndarray]:
-    """Every pair of 5-seed trained cells within a source: the (seed x document) matrix of correct(A) - correct(B),
-    read as the power planner reads records (`qft.tools.power`)."""
+    """The (seed x document) matrix correct(A) - correct(B) of every pair of 5-seed trained cells within each of
+    `sources`, read as qft.tools.power reads records."""
     out = []
     for source in sources:
         full = [v for v in power.by_config(power.runs([source]), "accuracy").values()
@@ -43,7 +39,8 @@ def pairs(sources=SOURCES) -> list[np.ndarray]:
 
 
 def fit_discordance(ds: list[np.ndarray]) -> tuple[float, float, float, np.ndarray]:
-    """Zero-inflated beta-binomial of a document's discordant seeds out of 5, by maximum likelihood over the pairs."""
+    """(w, a, b, observed and fitted histograms) of the zero-inflated beta-binomial of a document's discordant seeds
+    out of 5, by maximum likelihood over pair matrices `ds`."""
     hist = sum(np.bincount((d != 0).sum(0), minlength=SEEDS + 1) for d in ds)
     k = np.arange(SEEDS + 1)
 
@@ -57,6 +54,7 @@ def fit_discordance(ds: list[np.ndarray]) -> tuple[float, float, float, np.ndarr
 
 
 def seed_law(law: str, sd: float, size, rng) -> np.ndarray:
+    """Seed effects of shape `size` with standard deviation `sd` under `law` (one of LAWS), drawn from `rng`."""
     if law == "normal":
         return rng.normal(0, sd, size)
     if law == "two-point":
@@ -66,8 +64,8 @@ def seed_law(law: str, sd: float, size, rng) -> np.ndarray:
 
 
 def grid(law: str, m: int) -> tuple[np.ndarray, np.ndarray]:
-    """Nodes and weights of a unit-variance law: its quantiles at m probability midpoints (exact enough for the
-    near-step integrands of a nearly fixed direction, where Gauss-Hermite is not)."""
+    """(nodes, weights) of unit-variance `law`: its quantiles at `m` probability midpoints, exact enough for near-step
+    integrands, where Gauss-Hermite is not."""
     if law == "two-point":
         return np.array([-1.0, 1.0]), np.array([0.5, 0.5])
     z = st.norm.ppf((np.arange(m) + 0.5) / m)
@@ -80,9 +78,8 @@ def grid(law: str, m: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def calibrate(target: float, seed_comp: float, ex_comp: float | None, law: str, pi: tuple) -> tuple[float, ...]:
-    """theta, sd(a) and sd(b) whose true mean difference is `target` and whose crossed-model seed and example
-    components are `seed_comp` and `ex_comp` (None: sd(b) = 0, documents then differ only in how often they are
-    discordant), from the first two moments `pi` of the discordance chance (independent of the direction).
+    """(theta, sd(a), sd(b)) under `law` whose true mean difference is `target` and whose seed and example components
+    are `seed_comp` and `ex_comp` (None: sd(b) = 0), given the discordance chance's first two moments `pi`. Raises
     ValueError where no sd in (0, 30] reaches a target."""
     xa, wa = grid(law, 200)
     xb, wb = grid("normal", 2000)
@@ -111,8 +108,8 @@ def calibrate(target: float, seed_comp: float, ex_comp: float | None, law: str, 
 
 
 def study(rng, shape, law, theta, sd_a, sd_b, reps: int | None = None) -> np.ndarray:
-    """One simulated study, a (seeds x documents) matrix of -1/0/+1, or `reps` of them stacked (one draw of each
-    piece for all, so a batch is not the same stream as `reps` single studies)."""
+    """One simulated study from `rng` (a seeds x documents matrix of -1/0/+1) with `shape` (w, a, b), `law`, `theta`,
+    `sd_a`, `sd_b`; or `reps` stacked (drawn together: not the stream of `reps` single studies)."""
     w, a, b = shape
     lead = () if reps is None else (reps,)
     pi = np.where(rng.random(lead + (1, DOCS)) < w, 0.0, rng.beta(a, b, lead + (1, DOCS)))
@@ -123,8 +120,8 @@ def study(rng, shape, law, theta, sd_a, sd_b, reps: int | None = None) -> np.nda
 
 
 def near_shape(sources=SOURCES) -> tuple[tuple, tuple, list, list]:
-    """The fitted shape of the pairs near the margin: ((w, a, b), the discordance chance's first two moments, the
-    near pairs, all pairs)."""
+    """((w, a, b), the discordance chance's first two moments, the near pairs, all pairs) fitted to the pairs of
+    `sources` whose mean difference is near the margin (NEAR)."""
     ds = pairs(sources)
     near = [d for d in ds if NEAR[0] <= abs(d.mean()) <= NEAR[1]]
     w, a, b, _ = fit_discordance(near)

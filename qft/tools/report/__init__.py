@@ -2,17 +2,9 @@
 
     python -m qft.tools.report results/rank_sweep/runs [more paths...] [--out results/rank_sweep]
 
-Reads every result.json under the paths (the records are the single source of truth), writes runs.csv and
-runs.parquet (one row a run), summary.md (one row a configuration, seeds pooled as mean, standard
-deviation and a 95% interval) and PNG plots for whichever axes vary: accuracy against trainable parameters
-with its Pareto frontier, an attention-rank x MLP-rank heat map, alpha curves per layer type, bits x rank
-panels, and every configuration with its interval where cuts of equal size are compared (by depth third or bits).
-Each configuration is compared with the best one, or with a reference (`--versus attn_r=8,mlp_r=8`), within groups
-(`--within attn_bits`): the difference and its 95% Welch interval say whether it is larger than the seed noise.
-
-One module a concern: frame (records into a frame), compare (seeds pooled, configurations compared over pairs of one
-run kind), plan (a plan.yaml read and checked), declared (a plan's controls and contrasts), kinds (each contrast by
-run kind), tables (markdown), plots (PNG), summary (the files of a report), cli (`python -m qft.tools.report`).
+Writes runs.csv and runs.parquet (a row a run), summary.md (a row a configuration, seeds pooled, each compared with
+the best or `--versus`, within `--within` groups), a plan's declared contrasts (`--plan`) and PNG plots for whichever
+axes vary. Modules: compare, plan, declared, kinds, tables, plots, views, summary, cli.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Collect result records into one table and draw the layer-sensitivity plots.
 
 The command line, `python -m qft.tools.report PATH... [--out DIR] [--plan plan.yaml] [--versus ...] [--within ...]`:
-the package's docstring says what it writes; here a bad argument becomes one `qft.tools.report: error:` line and exit 2.
+a bad argument is one `qft.tools.report: error:` line and exit 2.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from qft.tools.report.summary import report
 
 
 def parser() -> argparse.ArgumentParser:
+    """The command line's argument parser."""
     ap = argparse.ArgumentParser(prog="python -m qft.tools.report", description=__doc__.split("\n\n")[0])
     ap.add_argument("paths", nargs="+", help="folders searched for result.json (or result.json files)")
     ap.add_argument("--out", help="output folder (default results/<experiment>)")
@@ -27,6 +28,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    """The command line (`argv`); returns the exit status (2 on bad input)."""
     args = parser().parse_args(argv)
     try:
         versus = dict(kv.split("=", 1) for kv in args.versus.split(",") if kv) or None

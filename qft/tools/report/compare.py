@@ -23,8 +23,7 @@ MIN_SEEDS = 3  # seeds both trained cells need for a paired verdict (2 under-cov
 
 
 def one_record_a_seed(df) -> tuple["pd.DataFrame", list[str]]:
-    """The ok records, one a cell and seed (a repeat: another machine, thread count or pipeline layout, none of them
-    in the cell key): the last by folder stands, in every table; and the folders of those left out, to name."""
+    """(the ok records of frame `df`, one a cell and seed, the last by folder; the folders of the repeats left out)."""
     ok = df[df.status == "ok"]
     if "cell_key" not in ok:
         return ok, []
@@ -33,13 +32,11 @@ def one_record_a_seed(df) -> tuple["pd.DataFrame", list[str]]:
 
 
 def grouped(df, versus: dict | None = None, within: tuple = (), margin: float = MARGIN) -> "pd.DataFrame":
-    """One row per configuration (the config hash without the seed), accuracy as mean, sd and 95% interval, and
-    its comparison with the best configuration, or with the one matching `versus`, within each group of `within`.
+    """A row per configuration of frame `df` (accuracy mean, sd, 95% interval), each compared at `margin` with the
+    best or the one matching `versus`, within each group of `within` columns.
 
-    An untrained configuration (no adapter) is one deterministic evaluation, shown once whatever its seed count.
-    Comparisons are paired over seeds and test examples where both sides kept per-example scores, Welch over seeds
-    otherwise; their p-values are Holm-adjusted across the table, which is exploratory (a study's declared
-    contrasts are in `contrasts`)."""
+    Paired over seeds and examples where both sides kept per-example scores, else Welch; Holm across the table
+    (exploratory). An untrained configuration is one evaluation, shown once."""
     ok = one_record_a_seed(df)[0].copy()
     keep = ["params", "params_attn", "params_mlp", *[f"params_{t}" for t in THIRDS], "adapted",
             *[a for a in AXES.values() if ok[a].notna().any()]]
@@ -84,9 +81,8 @@ def grouped(df, versus: dict | None = None, within: tuple = (), margin: float = 
 
 @dataclass
 class Pairs:
-    """The pairs of a comparison of cell a with cell b: per seed, the run folders of its two cells, which ran on one
-    run kind; the seeds whose two cells did not, refused and named; and the seeds only one trained cell has. An
-    untrained cell (one evaluation a kind) pairs with each seed of the other cell on that seed's kind."""
+    """Cell a's and cell b's run folders paired by seed on one run kind, the seeds refused (two kinds) and those
+    only one trained cell has. An untrained cell pairs with each seed of the other on that seed's kind."""
 
     a: dict = field(default_factory=dict)  # seed -> run_dir
     b: dict = field(default_factory=dict)
@@ -97,21 +93,21 @@ class Pairs:
     untrained: tuple = (False, False)  # whether cell a (b) is one evaluation a kind
 
     def only(self, kind: str) -> "Pairs":
+        """The pairs that ran on `kind`."""
         keep = [s for s in self.a if self.kind[s] == kind]
         return Pairs({s: self.a[s] for s in keep}, {s: self.b[s] for s in keep}, {s: kind for s in keep},
                      kinds={kind}, untrained=self.untrained)
 
 
 def _side(ok, key) -> tuple[bool, list]:
-    """Whether a cell is untrained, and its records as (seed, run_dir, kind)."""
+    """(whether cell `key` of records `ok` is untrained, its records as (seed, run_dir, kind))."""
     part = ok[ok.cell_key == key]
     kinds = part.run_kind.map(kind_name) if "run_kind" in part else ["not recorded"] * len(part)
     return bool(len(part)) and part.params.fillna(0).eq(0).all(), list(zip(part.seed, part.run_dir, kinds))
 
 
 def pairs(ok, key_a, key_b) -> Pairs:
-    """Cell a's and cell b's records paired by seed, a pair on one run kind (qft.frame.one_kind); a trained cell
-    against an untrained one takes the untrained cell's evaluation on each seed's kind."""
+    """The Pairs of cells `key_a` and `key_b` among records `ok`, each pair on one run kind (qft.frame.one_kind)."""
     (once_a, ra), (once_b, rb) = _side(ok, key_a), _side(ok, key_b)
     p = Pairs(kinds={k for _, _, k in ra + rb}, untrained=(once_a, once_b))
     if once_a or once_b:
@@ -136,10 +132,9 @@ def pairs(ok, key_a, key_b) -> Pairs:
 
 def compare_configs(ok, key_a, key_b, margin: float = MARGIN, metric: str = "accuracy", kind: str | None = None,
                     min_seeds: int = MIN_SEEDS) -> "stats.Comparison | None":
-    """Cell a - b on test accuracy over its pairs (`pairs`; only those of one run kind where `kind` is given): paired
-    over seeds and examples where both kept per-example scores, else Welch over seeds (or one-sample over the pairs'
-    differences against an untrained cell); None where too few pairs remain. Where every record of both cells ran on
-    one kind, Welch takes the seeds only one cell has as well."""
+    """The stats.Comparison of cell `key_a` - `key_b` of records `ok` in `metric` at `margin` over their pairs (only
+    `kind`'s where given); paired where both kept per-example scores, else Welch (or one-sample against an untrained
+    cell); None with fewer than `min_seeds` pairs."""
     p = pairs(ok, key_a, key_b)
     if kind is not None:
         p = p.only(kind)
@@ -174,7 +169,8 @@ def compare_configs(ok, key_a, key_b, margin: float = MARGIN, metric: str = "acc
 
 
 def example_scores(rows: dict, metric: str) -> dict | None:
-    """seed -> (example ids, per-example scores) of the final test evaluation, or None if any run lacks them."""
+    """{seed: (example ids, per-example scores in `metric`)} of `rows`' final test evaluations, or None if any run
+    lacks them."""
     out = {}
     for seed, run_dir in rows.items():
         ex = read_examples(Path(run_dir))
@@ -189,7 +185,8 @@ def example_scores(rows: dict, metric: str) -> dict | None:
 
 
 def reference(part, versus: dict | None):
-    """The row a group is compared with: the best one, or the one whose columns equal `versus` (None if absent)."""
+    """The row of group `part` the others are compared with: the one whose columns equal `versus`, else the best;
+    None where `versus` matches none."""
     if not versus:
         return part.acc_mean.idxmax()
     hit = part[[all(equal(r[k], v) for k, v in versus.items()) for _, r in part.iterrows()]]
@@ -197,7 +194,7 @@ def reference(part, versus: dict | None):
 
 
 def equal(a, b) -> bool:
-    """A table value against one typed on the command line or in a plan: `8` matches 8 and 8.0."""
+    """Whether table value `a` equals `b` as typed on a command line or in a plan: `8` matches 8 and 8.0."""
     try:
         return float(a) == float(b)
     except (TypeError, ValueError):

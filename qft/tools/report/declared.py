@@ -1,7 +1,5 @@
-"""A study's declared analysis (plan.yaml): its contrasts are the confirmatory family, Holm-adjusted across
-themselves only, so that they are read apart from the exploratory comparisons of the summary table. Its positive
-controls, where it declares them, are a family of their own, tested first: a study that cannot see an effect it
-knows is there has no verdict of "equivalent" worth reading, and a margin may be set relative to a control's cost."""
+"""A study's declared analysis (plan.yaml): its contrasts are the confirmatory family, Holm-adjusted across themselves
+only; its positive controls are a family of their own, tested first, and may set the margin relative to their cost."""
 
 from __future__ import annotations
 
@@ -13,32 +11,35 @@ from qft.tools.report.tables import table
 
 
 def cell_keys(ok, cell: dict) -> list:
-    """The cell keys of the records a plan's cell matches; a cell names columns of the table or dotted config keys."""
+    """The cell keys of the records in `ok` that plan cell `cell` matches (columns of the table or dotted config
+    keys)."""
     hit = [all(equal(r[k] if k in r else r.get(f"cfg.{k}"), v) for k, v in cell.items()) for _, r in ok.iterrows()]
     return list(dict.fromkeys(ok.cell_key[hit])) if hit else []
 
 
 def _unmatched(matches: list) -> str:
-    """Why a contrast has no single configuration on a side (its cells' matches, a then b): a cell the records lack,
-    or one the plan names too loosely to tell configurations apart."""
+    """Why a contrast has no single configuration on a side, from its cells' `matches` (a then b): a cell the records
+    lack, or one named too loosely."""
     return "; ".join(f"cell {side} matches {'no records' if not m else f'{len(m)} configurations'}"
                      for side, m in zip("ab", matches) if len(m) != 1)
 
 
 def _finds(comp, alpha: float) -> str:
+    """The smallest difference `comp`'s design finds at `alpha`, as a table cell."""
     d = stats.detectable(comp, alpha)
     return "-" if d is None else (f"{d:.3f}" if d < 1 else "> 1")
 
 
 def _components(comp) -> str:
+    """`comp`'s variance components (seed / example / residual) as a table cell."""
     c = comp.components
     return "-" if not c else f"{c['seed']:.2g} / {c['example']:.2g} / {c['residual']:.2g}"
 
 
 def family(every, ok, declared: list, seeds: list | None, margin: float, plan: dict) -> list[dict]:
-    """Each declared contrast (or control) on its pairs in `ok`, Holm across the list: its cell keys (matched on
-    `every` record, whatever its seed), the declared seeds without a pair on one kind, its comparison (None where not
-    computed) and its per-kind split."""
+    """Each contrast of `declared` (contrasts or controls of `plan`) compared on its pairs in `ok` at `margin` over
+    the plan's `seeds`, Holm across the list: its cell keys (matched on `every` record), the seeds without a pair on
+    one kind, its comparison (None where not computed) and its split by kind."""
     out = []
     for c in declared:
         matches = [cell_keys(every, c[side]) for side in ("a", "b")]
@@ -60,9 +61,8 @@ def family(every, ok, declared: list, seeds: list | None, margin: float, plan: d
 
 
 def resolve_margin(plan: dict, controls: list[dict]) -> tuple[float, str, bool]:
-    """The family's margin, where it comes from, and whether it is resolved: a number as declared, or `factor` x the
-    measured cost (|a - b|) of the control it names, only once that control has passed (a cost not shown to be
-    there sets no margin: then 0, at which TOST never rejects, so no "equivalent")."""
+    """(margin, its source, resolved?) of `plan`: the number declared, or `factor` x |a - b| of the control of
+    `controls` it names, once that control passed; else 0, where TOST never rejects (no "equivalent")."""
     m = plan["margin"]
     if not isinstance(m, dict):
         return float(m), "declared", True
@@ -77,7 +77,7 @@ def resolve_margin(plan: dict, controls: list[dict]) -> tuple[float, str, bool]:
 
 
 def _why(e: dict, seeds: list | None) -> str:
-    """Why a contrast has no comparison."""
+    """Why contrast entry `e` has no comparison over `seeds`."""
     refused = (e["split"] or {}).get("refused_pairs") or []
     on = f"; {len(refused)} pair(s) refused, their cells on different run kinds (named below)" if refused else ""
     if e["missing"]:
@@ -91,6 +91,7 @@ def _why(e: dict, seeds: list | None) -> str:
 
 
 def _controls_markdown(controls: list[dict], seeds, alpha: float) -> list[str]:
+    """The markdown lines of the positive `controls` (compared over `seeds`) at `alpha`, passed or FAILED."""
     cells = [[e["contrast"]["name"], *(["-", "-", "-", "-", _why(e, seeds)] if e["comp"] is None else
                                        [f"{e['comp'].diff:+.4f}", f"[{e['comp'].low:+.4f}, {e['comp'].high:+.4f}]",
                                         f"{e['comp'].p:.3g}", f"{e['comp'].p_adj:.3g}", e["comp"].verdict]),
@@ -103,10 +104,9 @@ def _controls_markdown(controls: list[dict], seeds, alpha: float) -> list[str]:
 
 
 def contrasts(df, g, plan: dict) -> tuple[list[dict], str]:
-    """The declared contrasts with Holm across them, and their markdown table; where every contrast is paired and
-    the metric is accuracy, the gold label's log-likelihood (continuous, more power) beside it, Holm across the
-    same family, equivalence only within a declared `loglik_margin`. Controls first, then the margin they resolve,
-    then each contrast's split by run kind."""
+    """(the contrasts of `plan` on frame `df` and summary `g`, Holm across them; their markdown: controls, margin,
+    contrasts, split by run kind). Where every contrast is paired on accuracy, the log-likelihood's beside it
+    (equivalence only within a declared `loglik_margin`)."""
     every, repeats = one_record_a_seed(df)  # as the exploratory table keeps them, and named below, never chosen silently
     ok = every
     seeds = declared_seeds(plan)

@@ -1,6 +1,5 @@
-"""A declared contrast split by run kind. A study is never pinned to one CPU kind: its pairs (the two cells of one
-seed) each run on one kind and the contrast pools them; this shows each kind's share of the pool and tests whether
-the contrast depends on the kind, so a pooled verdict that one kind drives is seen, not averaged away."""
+"""A declared contrast split by run kind: each kind's share of the pooled pairs, and a test of whether the contrast
+depends on the kind, so a pooled verdict that one kind drives is seen, not averaged away."""
 
 from __future__ import annotations
 
@@ -16,7 +15,8 @@ HETEROGENEITY = "one-way ANOVA of the pairs' differences across kinds (scipy.sta
 
 
 def pair_differences(ok, p: Pairs, metric: str) -> dict:
-    """seed -> the pair's mean difference a - b in the metric (per-example scores where kept, else test accuracy)."""
+    """{seed: the pair's mean difference a - b in `metric`} over Pairs `p` of records `ok` (per-example scores where
+    kept, else test accuracy)."""
     ea, eb = example_scores(p.a, metric), example_scores(p.b, metric)
     if ea and eb:
         return {s: float(np.mean(ea[s][1] - eb[s][1])) for s in p.a}
@@ -27,10 +27,9 @@ def pair_differences(ok, p: Pairs, metric: str) -> dict:
 
 
 def heterogeneity(groups: dict) -> dict | None:
-    """Whether the pairs' differences depend on the kind: under the crossed model a pair's mean difference is the
-    kind's mean plus the seed's effect plus its residual mean (the example effect, shared by every pair, cancels), so
-    the one-way ANOVA F of between-kind over within-kind spread, at K - 1 and S - K degrees of freedom, tests the
-    kind x contrast interaction. None with one kind; no p where no kind has two pairs."""
+    """{"test", "df", "F", "p"} of the one-way ANOVA over kinds of the pair differences `groups` ({kind: differences}),
+    at K - 1 and S - K df: the kind x contrast interaction of the crossed model (the example effect cancels). None
+    with one kind; p None where no kind has two pairs."""
     values = [v for v in groups.values() if v]
     k, s = len(values), sum(map(len, values))
     if k < 2:
@@ -47,9 +46,8 @@ def heterogeneity(groups: dict) -> dict | None:
 
 
 def split(ok, key_a, key_b, margin: float, metric: str) -> dict:
-    """A contrast's pairs by run kind: per kind the pairs, their mean difference and its 95% interval (the
-    report's own comparison on that kind's pairs, from 2 seeds: descriptive, no verdict), the heterogeneity test
-    across kinds, and the pairs refused because their two cells ran on different kinds."""
+    """Contrast `key_a` - `key_b` of records `ok` in `metric` by run kind: per kind its pairs, mean difference and
+    95% interval at `margin` (descriptive, no verdict), the heterogeneity test, and the pairs refused."""
     p = pairs(ok, key_a, key_b)
     d = pair_differences(ok, p, metric)
     rows, groups = [], {}
@@ -66,14 +64,17 @@ def split(ok, key_a, key_b, margin: float, metric: str) -> dict:
 
 
 def _name(run_dir) -> str | None:
+    """The folder name of `run_dir`, or None."""
     return None if run_dir is None else Path(str(run_dir)).name
 
 
 def _number(x, fmt: str) -> str:
+    """`x` in format `fmt`, or "-" for None."""
     return "-" if x is None else format(x, fmt)
 
 
 def _test(het: dict | None) -> str:
+    """heterogeneity() result `het` as a table cell."""
     if het is None:
         return "one kind: nothing to test"
     if het["p"] is None:
@@ -82,8 +83,8 @@ def _test(het: dict | None) -> str:
 
 
 def markdown(named: list[tuple[str, dict]]) -> list[str]:
-    """The per-kind split of each contrast (name, split): a line where every pair of every contrast ran on one kind,
-    else a table, with the heterogeneity test beside each contrast's first kind; then every refused pair, named."""
+    """The markdown lines of each (name, split) of `named`: one line where every pair ran on one kind, else a table
+    with the heterogeneity test; then every refused pair, named."""
     kinds = sorted({r["kind"] for _, s in named if s for r in s["kinds"]})
     refused = [(n, r) for n, s in named if s for r in s["refused_pairs"]]
     if not kinds and not refused:

@@ -12,11 +12,9 @@ RELATIVE = {"relative_to", "factor"}  # margin: {relative_to: CONTROL, factor: F
 
 
 def read_plan(path: Path) -> dict:
-    """A study's declared analysis (plan.yaml): metric, margin, alpha, the contrasts (cell a - cell b, each cell as
-    columns of the table) and the family the Holm adjustment covers (all the contrasts); optionally positive
-    `controls` (contrasts of the same form that must come out "differs", a family of their own) and a margin set
-    relative to a control's measured cost. A dated amendment's `contrasts_amended` replaces `contrasts`, as
-    `seeds_amended` replaces `seeds`: the declared text stays as written."""
+    """The declared analysis in plan.yaml `path`: metric, margin (a number, or relative to a control's cost), alpha,
+    contrasts (cell a - cell b) and optional positive `controls`; `contrasts_amended` and `seeds_amended` replace
+    the declared lists. Raises ValueError, one line naming the key, on a bad plan."""
     import yaml
 
     try:
@@ -49,10 +47,13 @@ def read_plan(path: Path) -> dict:
 
 
 def _number(x) -> bool:
+    """Whether `x` is a real number (not a bool, not NaN)."""
     return isinstance(x, numbers.Real) and not isinstance(x, bool) and x == x
 
 
 def _check_margin(path, margin, controls: list) -> None:
+    """Raise ValueError naming plan `path` unless `margin` is a number > 0 or {relative_to: one of `controls`,
+    factor: F in (0, 1]}."""
     if isinstance(margin, dict):
         if set(margin) != RELATIVE:
             raise ValueError(f"--plan={path}: margin={margin}: a number > 0, or {{relative_to: CONTROL, factor: F}} "
@@ -68,7 +69,7 @@ def _check_margin(path, margin, controls: list) -> None:
 
 
 def declared_seeds(plan: dict) -> list | None:
-    """The seeds the plan's verdicts use (the amended list where there is one): a contrast is analysed on exactly
-    these, never on fewer, so a report run mid-study gives no early verdict."""
+    """The seeds `plan`'s verdicts use (the amended list where there is one), or None: a contrast is analysed on
+    exactly these, so a report run mid-study gives no early verdict."""
     seeds = plan.get("seeds_amended", plan.get("seeds"))
     return None if seeds is None else sorted(set(seeds))

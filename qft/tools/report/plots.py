@@ -18,7 +18,7 @@ COLORS = {"none": "tab:gray", "attn": "tab:blue", "mlp": "tab:orange", "attn+mlp
 
 
 def pareto(g) -> "pd.DataFrame":
-    """Configurations no other beats on accuracy with as few or fewer trainable parameters."""
+    """The rows of summary `g` no other row beats on accuracy with as few or fewer trainable parameters."""
     best, keep = -1.0, []
     for i, r in g.sort_values(["params", "acc_mean"], ascending=[True, False]).iterrows():
         if r.acc_mean > best:
@@ -28,6 +28,8 @@ def pareto(g) -> "pd.DataFrame":
 
 
 def plot_learning_curves(names: list, table, out: Path, title: str) -> Path:
+    """Plot learning-curve `table` (views.learning_curves: columns per run of `names`) titled `title` into
+    `out`/learning_curves.png; returns the file."""
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
@@ -44,6 +46,7 @@ def plot_learning_curves(names: list, table, out: Path, title: str) -> Path:
 
 
 def _label(ax, xlabel: str, title: str) -> None:
+    """Label axes `ax`: x `xlabel`, y test accuracy, `title`."""
     ax.set_xlabel(xlabel)
     ax.set_ylabel("test accuracy")
     ax.set_title(title, fontsize=10)
@@ -52,6 +55,7 @@ def _label(ax, xlabel: str, title: str) -> None:
 
 
 def _save(fig, path: Path) -> Path:
+    """Save `fig` as `path` and close it; returns `path`."""
     import matplotlib.pyplot as plt
 
     fig.tight_layout()
@@ -60,6 +64,8 @@ def _save(fig, path: Path) -> Path:
     return path
 
 def plot_accuracy_vs_params(g, out: Path, title: str) -> Path:
+    """Plot summary `g`'s accuracy against trainable parameters with its Pareto frontier, titled `title`, into `out`;
+    returns the file."""
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
@@ -80,6 +86,8 @@ def plot_accuracy_vs_params(g, out: Path, title: str) -> Path:
 
 
 def plot_heatmap(g, out: Path, rows: str, cols: str, name: str, title: str) -> Path:
+    """Plot summary `g`'s mean accuracy as a `rows` x `cols` heat map titled `title` into `out`/`name`; returns the
+    file."""
     import matplotlib.pyplot as plt
 
     table = g.pivot_table(index=rows, columns=cols, values="acc_mean", aggfunc="mean").sort_index(ascending=False)
@@ -100,6 +108,7 @@ def plot_heatmap(g, out: Path, rows: str, cols: str, name: str, title: str) -> P
 
 
 def plot_alpha_curves(g, out: Path, title: str) -> Path:
+    """Plot summary `g`'s accuracy against alpha per layer type, titled `title`, into `out`; returns the file."""
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -114,6 +123,8 @@ def plot_alpha_curves(g, out: Path, title: str) -> Path:
 
 
 def plot_bits_rank(g, out: Path, title: str) -> Path:
+    """Plot summary `g`'s accuracy against rank in one panel per (attention, MLP) bits, titled `title`, into `out`;
+    returns the file."""
     import matplotlib.pyplot as plt
 
     combos = sorted(g.groupby(["attn_bits", "mlp_bits"]).groups)
@@ -138,7 +149,8 @@ def plot_bits_rank(g, out: Path, title: str) -> Path:
 
 
 def plot_cells(g, out: Path, title: str) -> Path:
-    """Every configuration with its 95% interval, labelled by what varies: equal-size cuts side by side."""
+    """Plot every configuration of summary `g` with its 95% interval, labelled by what varies, titled `title`, into
+    `out`/cells.png; returns the file."""
     import matplotlib.pyplot as plt
 
     varying = [c for c in ("attn_bits", "mlp_bits", "attn_r", "mlp_r", *THIRD_ALPHAS) if varies(g, c)] \
@@ -157,6 +169,7 @@ def plot_cells(g, out: Path, title: str) -> Path:
 
 
 def _short(v) -> str:
+    """Value `v` short for a label: 12,000 as 12k."""
     try:
         x = float(v)
     except (TypeError, ValueError):

@@ -19,6 +19,9 @@ from qft.tools.report.tables import classes_markdown, curves_markdown, markdown
 
 def report(paths, out: Path | None = None, versus: dict | None = None, within: tuple = (),
            plan: Path | None = None) -> dict:
+    """Write the report of the records under `paths` into `out` (default results/<experiment>), comparing with
+    `versus` within `within` groups, `plan`'s declared analysis first; returns {name: file}. Raises ValueError where
+    there is no record or the plan is bad."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -42,6 +45,7 @@ def report(paths, out: Path | None = None, versus: dict | None = None, within: t
 
 
 def pd_none():
+    """An empty object Series."""
     import pandas as pd
 
     return pd.Series(dtype=object)
@@ -49,6 +53,8 @@ def pd_none():
 
 def _summarise(df, out: Path, experiment: str, versus: dict | None = None, within: tuple = (),
                plan: dict | None = None) -> dict:
+    """Write one dataset's summary, classes, contrasts, curves and plots of frame `df` into `out`, titled by
+    `experiment` (`versus`, `within`, `plan` as report's); returns {name: file}."""
     out.mkdir(parents=True, exist_ok=True)
     files = {}
     g = grouped(df, versus, within)

@@ -11,23 +11,25 @@ from qft.tools.report.views import uneven_depth
 
 
 def table(header: list, rows, align: str = "---") -> list[str]:
-    """A markdown table's lines, cells unpadded (the tests and readers match `| value |`); `align` is every
-    column's delimiter cell: `---`, or `---:` for numbers."""
+    """The lines of a markdown table of `header` and `rows`, cells unpadded (readers match `| value |`); `align`:
+    each column's delimiter cell, `---` or `---:` for numbers."""
     return [_line(header), "|" + f"{align}|" * len(header), *map(_line, rows)]
 
 
 def _line(cells) -> str:
+    """`cells` as one markdown table line."""
     return "| " + " | ".join(map(str, cells)) + " |"
 
 
 def curves_markdown(curves) -> str:
-    """learning_curves' table: a row a validation step, a column a run's curve."""
+    """`curves` (views.learning_curves) as a markdown table: a row a validation step, a column a run's curve."""
     rows = ([step, *("" if v != v else f"{v:.4f}" for v in values)]
             for step, values in zip(curves.index, curves.itertuples(index=False)))
     return "\n".join(table(["step", *curves.columns], rows, "---:")) + "\n"
 
 
 def _vs(r, versus) -> str:
+    """Summary row `r`'s comparison cell (against `versus`, or the best)."""
     if r.name == r.vs_ref:
         return "reference" if versus else "best"
     if r.vs_ref < 0 or not r.vs_verdict:
@@ -39,6 +41,8 @@ def _vs(r, versus) -> str:
 
 
 def markdown(g, df, versus: dict | None = None, within: tuple = (), margin: float = MARGIN) -> str:
+    """summary.md of summary `g` and record frame `df`: the prose a reader needs first, then the table of every
+    configuration compared with `versus` (or the best) within `within`, at `margin`."""
     cols = ["adapted", *[c for c in AXES.values() if c in g.columns and g[c].nunique() > 1],
             *([f"params_{t}" for t in THIRDS] if uneven_depth(g) else []), "params"]
     name = "vs " + (",".join(f"{k}={v}" for k, v in versus.items()) if versus else "best") \
@@ -77,8 +81,8 @@ def markdown(g, df, versus: dict | None = None, within: tuple = (), margin: floa
 
 
 def classes_markdown(g, df) -> str | None:
-    """Each configuration's accuracy on each class of the test split (recall, mean over seeds): where one class is half
-    the split, a cut could cost a small class dearly and barely move accuracy. None without per-example predictions."""
+    """classes.md of summary `g` and frame `df`: each configuration's recall on each test class, mean over seeds;
+    None without per-example predictions. A cut may cost a small class dearly and barely move accuracy."""
     ok = one_record_a_seed(df)[0]
     names = [c for c in ok.columns if c.startswith("acc_class_")]
     if not names:
@@ -99,7 +103,8 @@ def classes_markdown(g, df) -> str | None:
 
 
 def _provenance(ok) -> list[str]:
-    """What a reader must know before comparing: CPU kinds, commits, records without per-example scores."""
+    """The lines on records `ok` a reader must know before comparing: CPU kinds, commits, records without
+    per-example scores."""
     notes = []
     kinds = sorted({str(k) if isinstance(k, str) else "not recorded" for k in ok.get("run_kind", [])})
     if len(kinds) > 1:

@@ -11,8 +11,8 @@ if TYPE_CHECKING:
 
 
 def learning_curves(ok) -> tuple[list[str], "pd.DataFrame"] | None:
-    """Validation accuracy and gold-label log-likelihood against step, one column per run, labelled by the config
-    keys that differ between the runs (a pilot's learning rates, say); None without curves of 3 or more points."""
+    """(run names, frame of validation accuracy and gold-label log-likelihood against step, a column per run) of
+    records `ok`, runs named by the config keys that differ; None without curves of 3 or more points."""
     import pandas as pd
 
     runs = ok[ok.val_curve.map(lambda c: isinstance(c, list) and len(c) >= 3)] if "val_curve" in ok else ok.iloc[:0]
@@ -29,10 +29,11 @@ def learning_curves(ok) -> tuple[list[str], "pd.DataFrame"] | None:
 
 
 def varies(g, column: str) -> bool:
+    """Whether `column` of summary `g` takes more than one value."""
     return column in g and g[column].nunique() > 1
 
 
 def uneven_depth(g) -> bool:
-    """Whether some configuration gives the depth thirds different adapter sizes (a depth study)."""
+    """Whether some configuration of summary `g` gives the depth thirds different adapter sizes (a depth study)."""
     thirds = g[[f"params_{t}" for t in THIRDS]].dropna()
     return bool(len(thirds)) and bool((thirds.nunique(axis=1) > 1).any())

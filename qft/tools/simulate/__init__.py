@@ -1,15 +1,11 @@
-"""Discrete-event simulator of pipeline-parallel fine-tuning with activation offload.
-
-Why it exists: Liu, Lai, Li (HPCC 2023 / CIBDA 2024) balance the memory of a 1F1B pipeline by offloading
-early stages' activations to host memory, routing part of the copies through an NVLink-bridged neighbour's
-PCIe link, and report 2.04x-3.59x over PyTorch's synchronous offloading. This package predicts what each
-policy costs in step time and buys in peak memory on a described server, from first principles, before any
-GPU is booked: compute streams, PCIe/NVLink links (one FIFO per direction, chunked so concurrent flows
-interleave) and per-GPU memory are simulated event by event. Its modules, each importing only those before
-it: checks, inputs, schedules, engine, policies, presets, loading, plots, report, cli.
+"""Discrete-event simulator of pipeline-parallel fine-tuning with activation offload, from the command line:
 
     python -m qft.tools.simulate rtx3090x4 --model llama2-7b --seq-len 2048 --micro-batches 16
-    python -m qft.tools.simulate my_server.yaml --out results/pipeline_offload/mine
+
+Predicts what each offload policy (Liu, Lai, Li, HPCC 2023 / CIBDA 2024: copies routed through an NVLink
+neighbour's PCIe link) costs in step time and buys in peak memory on a described server, before any GPU is booked:
+compute streams, links and per-GPU memory event by event. Modules, each importing only those before it: checks,
+inputs, schedules, engine, policies, presets, loading, plots, report, cli.
 """
 
 from __future__ import annotations

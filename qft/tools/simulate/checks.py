@@ -14,7 +14,7 @@ PLACEMENTS = ("pipeline", "mirror")
 
 
 def fraction(key: str, value, zero: bool = True, also: str = "") -> None:
-    """A share in [0, 1] (in (0, 1] without `zero`); errors.number's upper bound is strict. `also` names the
+    """Raise QftError naming `key` unless `value` is a share in [0, 1] (in (0, 1] without `zero`); `also` names the
     non-numeric values the caller accepts, for the message."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) \
             or not (0 <= value <= 1 if zero else 0 < value <= 1):
@@ -22,6 +22,7 @@ def fraction(key: str, value, zero: bool = True, also: str = "") -> None:
 
 
 def check_server(s) -> None:
+    """Check inputs.Server `s`; raises QftError naming the server key."""
     integer("server.n_gpus", s.n_gpus, low=1)
     number("server.gpu_memory_bytes", s.gpu_memory_bytes, above=0, infinite=True)
     number("server.pcie_bandwidth", s.pcie_bandwidth, above=0, infinite=True)
@@ -40,7 +41,8 @@ def check_server(s) -> None:
 
 
 def check_workload(w, stage_type: type) -> None:
-    """`stage_type` is inputs.Stage, passed in so that this module need not import the one that imports it."""
+    """Check inputs.Workload `w`, its stages of `stage_type` (inputs.Stage, passed in: inputs imports this module);
+    raises QftError naming the workload key."""
     if not w.stages:
         raise QftError("workload.stages", [], "at least one stage")
     for i, st in enumerate(w.stages):
@@ -53,6 +55,7 @@ def check_workload(w, stage_type: type) -> None:
 
 
 def check_policy(p) -> None:
+    """Check inputs.Policy `p`; raises QftError naming the policy key."""
     one_of("policy.kind", p.kind, POLICIES)
     if p.stages is not None and any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in p.stages):
         raise QftError("policy.stages", list(p.stages), "stage indices >= 0, or null for the stages that do not fit")

@@ -26,6 +26,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parse_stages(text):
+    """--stages `text` as stage indices, or None for "auto"."""
     if text in ("auto", None):
         return None
     try:
@@ -35,6 +36,7 @@ def _parse_stages(text):
 
 
 def _parse_fraction(text):
+    """--fraction `text` as a float, or "auto"."""
     if text == "auto":
         return "auto"
     try:
@@ -44,6 +46,7 @@ def _parse_fraction(text):
 
 
 def parser() -> argparse.ArgumentParser:
+    """The command line's argument parser."""
     ap = _Parser(prog="python -m qft.tools.simulate", description="Compare activation-offload policies for "
                  "pipeline-parallel fine-tuning on a described server (discrete-event simulation).")
     ap.add_argument("server", nargs="?", default="rtx3090x4", help=f"a preset ({', '.join(SERVERS)}) or a YAML file")
@@ -74,6 +77,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    """The command line (`argv`); returns the exit status (2 on bad input)."""
     args = parser().parse_args(argv)
     try:
         if args.server in SERVERS:

@@ -32,7 +32,7 @@ class Server:
 
 @dataclass(frozen=True)
 class Stage:
-    """One pipeline stage's cost per micro-batch; pass measured numbers here instead of a model shape."""
+    """One pipeline stage's cost per micro-batch; measured numbers can stand here instead of a model shape."""
 
     fwd_s: float
     bwd_s: float

@@ -12,6 +12,7 @@ from qft.tools.simulate.presets import SERVERS, workload_from_model
 
 
 def _from_dict(cls, d: dict, key: str, convert=None):
+    """Dataclass `cls` from mapping `d` (after `convert`); raises QftError naming `key`.<field> on an unknown key."""
     if not isinstance(d, dict):
         raise QftError(key, d, "a mapping")
     names = {f.name for f in dataclasses.fields(cls)}
@@ -27,6 +28,7 @@ def _from_dict(cls, d: dict, key: str, convert=None):
 
 
 def server_from_dict(d: dict) -> Server:
+    """The Server of mapping `d`; raises QftError naming the server key."""
     def conv(x):
         x = dict(x)
         if "nvlink_pairs" in x:
@@ -39,6 +41,7 @@ def server_from_dict(d: dict) -> Server:
 
 
 def _is_float(v: str) -> bool:
+    """Whether string `v` reads as a float."""
     try:
         float(v)
         return True
@@ -47,7 +50,8 @@ def _is_float(v: str) -> bool:
 
 
 def workload_from_dict(d: dict, stages: int | None = None) -> Workload:
-    """Either {model: llama2-7b, micro_batches: 16, ...} (derived) or {stages: [{fwd_s: ...}, ...], ...}."""
+    """The Workload of mapping `d`: {model: llama2-7b, micro_batches: 16, ...} (derived, over `stages` stages) or
+    {stages: [{fwd_s: ...}, ...], ...}; raises QftError naming the workload key."""
     if not isinstance(d, dict):
         raise QftError("workload", d, "a mapping")
     if "model" in d:
@@ -67,7 +71,7 @@ def workload_from_dict(d: dict, stages: int | None = None) -> Workload:
 
 
 def load(path: str | Path) -> tuple:
-    """A YAML file -> (Server, Workload or None). Either server keys at the top level, or server: / workload:."""
+    """(Server, Workload or None) of YAML file `path`: server keys at the top level, or server: and workload:."""
     import yaml
 
     try:

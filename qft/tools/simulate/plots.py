@@ -19,12 +19,14 @@ def _pyplot():
 
 
 def _save(plt, fig, path, rect=None):
+    """Save `fig` as `path` (tight layout in `rect`) and close it."""
     fig.tight_layout(rect=rect)
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
 def plot_step_time(results: dict, path, title=""):
+    """Plot each policy's step time of `results`, titled `title`, into `path`."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(5, 3.2))
     names = list(results)
@@ -40,6 +42,7 @@ def plot_step_time(results: dict, path, title=""):
 
 
 def plot_peak_memory(results: dict, server: Server, path, title=""):
+    """Plot each policy's peak memory per GPU of `results` against `server`'s memory, titled `title`, into `path`."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.2))
     names = list(results)
@@ -58,7 +61,8 @@ def plot_peak_memory(results: dict, server: Server, path, title=""):
 
 
 def plot_gantt(results: dict, path, kinds=("sync", "neighbour"), title=""):
-    """One row per compute stream and per busy link, for each named policy, on a shared time axis."""
+    """Plot a Gantt chart of `results` for the policies `kinds`, a row per compute stream and busy link on a shared
+    time axis, titled `title`, into `path`."""
     plt = _pyplot()
     from matplotlib.patches import Patch
 
@@ -91,7 +95,8 @@ def plot_gantt(results: dict, path, kinds=("sync", "neighbour"), title=""):
 
 
 def plot_sweep(rows: list, path, title=""):
-    """Speedup of neighbour over sync per sweep row, against the band the paper reports (2.04x-3.59x)."""
+    """Plot the speedup of neighbour over sync per sweep row of `rows` against the band the paper reports, titled
+    `title`, into `path`."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 3.4))
     labels = [f"{r['compute']} bw{r['sync_copy_bw']:g} {r['uplink'].replace('per ', '')} f={r['fraction']}"

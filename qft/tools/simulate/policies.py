@@ -44,7 +44,8 @@ def _offload_plan(server: Server, w: Workload, pol: Policy):
 
 def simulate(server: Server, workload: Workload, policy: Policy | str = "none", placement="pipeline",
              chunk_bytes: float = 64 * 2**20) -> Result:
-    """One training step of `workload` on `server` under `policy`."""
+    """The Result of one training step of `workload` on `server` under `policy` (a Policy or its kind), stages
+    placed by `placement`, copies moved in chunks of `chunk_bytes`."""
     if isinstance(policy, str):
         policy = Policy(kind=policy)
     number("chunk_bytes", chunk_bytes, above=0)
@@ -65,7 +66,8 @@ def simulate(server: Server, workload: Workload, policy: Policy | str = "none", 
 
 def compare(server: Server, workload: Workload, stages=None, fraction=1.0, neighbour_share=None,
             placement="pipeline", sync_efficiency: float = 1.0) -> dict:
-    """The four policies on the same stages and fraction; sync copies at `sync_efficiency` of the bandwidth."""
+    """{policy: Result} of the four policies for `workload` on `server`, on the same `stages`, `fraction`,
+    `neighbour_share` and `placement`; sync copies at `sync_efficiency` of the bandwidth."""
     out = {}
     for kind in POLICIES:
         pol = Policy(kind=kind, stages=stages, fraction=fraction, neighbour_share=neighbour_share,
@@ -75,8 +77,9 @@ def compare(server: Server, workload: Workload, stages=None, fraction=1.0, neigh
 
 
 def sweep(server: Server, workload: Workload, stages=None, placement="pipeline") -> list:
-    """Speedups under the assumptions that decide them: compute speed (x1, x2), the baseline's copy bandwidth
-    (pinned 1.0, pageable ~0.5), one PCIe uplink per GPU or per pair, and offloading all or just enough."""
+    """A row of speedups for `workload` on `server` (`stages`, `placement` as compare's) under each mix of the
+    assumptions that decide them: compute speed (x1, x2), the baseline's copy bandwidth (pinned 1.0, pageable 0.5),
+    one PCIe uplink per GPU or per pair, and offloading all or just enough."""
     rows = []
     for speed, eff, shared, frac in itertools.product((1, 2), (1.0, 0.5), (False, True), (1.0, "auto")):
         wl = dataclasses.replace(workload, stages=tuple(dataclasses.replace(st, fwd_s=st.fwd_s / speed,

@@ -40,14 +40,12 @@ def workload_from_model(model: str | ModelShape, stages: int, micro_batches: int
                         bwd_ratio: float = 2.0, lora_rank: int = 16, flash_attention: bool = False,
                         base_bytes_per_param: float = 0.5 + 0.127 / 8, overhead_bytes: float = 1.0 * GiB
                         ) -> Workload:
-    """Per-stage costs of a LLaMA-shaped model with an NF4 base and LoRA on all projections, from its shape.
+    """The Workload of LLaMA-shaped `model` (NF4 base, LoRA of `lora_rank` on all projections) in `stages` stages
+    under `schedule`, `micro_batches` of `micro_batch_size` sequences of `seq_len`.
 
-    Forward FLOPs 2 * params * tokens + 4 b s^2 h per layer (attention), backward `bwd_ratio` x forward;
-    activations s b h (34 + 5 a s / h) bytes per layer (Korthikanti et al. 2022, 16-bit, no recomputation;
-    the 5as/h term is dropped with `flash_attention`); NF4 weights at 0.5 B/param + double-quant statistics,
-    LoRA in fp32 with grads and Adam states (16 B/param), embeddings and head in bf16, plus `overhead_bytes`
-    (CUDA context, workspaces) per GPU. The head's fp32 logits are activations of the last stage.
-    """
+    Forward FLOPs 2 * params * tokens + 4 b s^2 h a layer at `tflops`, backward `bwd_ratio` x forward; activations
+    s b h (34 + 5 a s / h) bytes a layer (Korthikanti et al. 2022; 5as/h dropped with `flash_attention`); the base
+    at `base_bytes_per_param`, LoRA at 16 B/param, plus `overhead_bytes` a GPU; the logits are the last stage's."""
     if isinstance(model, str):
         one_of("model", model, MODELS)
         model = MODELS[model]

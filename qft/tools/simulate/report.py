@@ -11,7 +11,8 @@ from qft.tools.simulate.plots import plot_gantt, plot_peak_memory, plot_step_tim
 
 
 def describe(server: Server, work: Workload, placement) -> str:
-    """Printed above the table and written atop table.md and sweep.md, so a result names the setup it came from."""
+    """The header naming the setup (`server`, `work`, `placement`), printed above the table and atop table.md and
+    sweep.md."""
     st = work.stages
     return (f"{server.name} ({server.n_gpus} GPUs, {server.gpu_memory_bytes / GiB:.0f} GiB, PCIe "
             f"{server.pcie_bandwidth / GB:.0f} GB/s{' shared per pair' if server.shared_uplink else ''}, "
@@ -23,6 +24,7 @@ def describe(server: Server, work: Workload, placement) -> str:
 
 
 def table_rows(results: dict, workload: Workload) -> list:
+    """A row per policy of `results` for `workload`: step time, speedup over sync, peaks, link use."""
     base = results.get("sync")
     rows = []
     for kind, r in results.items():
@@ -44,6 +46,7 @@ def table_rows(results: dict, workload: Workload) -> list:
 
 
 def format_table(rows: list) -> str:
+    """`rows` as a markdown table."""
     cols = list(rows[0])
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
@@ -52,6 +55,7 @@ def format_table(rows: list) -> str:
 
 
 def _write_csv(path, rows):
+    """Write `rows` to CSV `path`."""
     with open(path, "w", newline="") as fh:
         wr = csv.DictWriter(fh, fieldnames=list(rows[0]))
         wr.writeheader()
@@ -59,6 +63,8 @@ def _write_csv(path, rows):
 
 
 def write_outputs(results: dict, server: Server, workload: Workload, out: Path, header: str):
+    """Write the comparison `results` of `workload` on `server` into folder `out`: table.md (after `header`),
+    table.csv and the plots."""
     out.mkdir(parents=True, exist_ok=True)
     rows = table_rows(results, workload)
     (out / "table.md").write_text(header + "\n\n" + format_table(rows) + "\n")
@@ -70,6 +76,8 @@ def write_outputs(results: dict, server: Server, workload: Workload, out: Path, 
 
 
 def write_sweep(rows: list, server: Server, workload: Workload, out: Path, header: str):
+    """Write sweep `rows` of `workload` on `server` into folder `out`: sweep.md (after `header`), sweep.csv and
+    sweep.png."""
     (out / "sweep.md").write_text(header + "\n\n" + format_table(rows) + "\n")
     _write_csv(out / "sweep.csv", rows)
     plot_sweep(rows, out / "sweep.png", f"{server.name}: {workload.name}")

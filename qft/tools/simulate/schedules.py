@@ -8,7 +8,8 @@ from qft.tools.simulate.inputs import Server
 
 
 def schedule_order(schedule: str, m: int, p: int, s: int) -> list:
-    """The compute order of stage s: [("F", i) | ("B", i)]. 1F1B: p-s-1 warm-up forwards, then F/B pairs."""
+    """The compute order of stage `s` of `p` over `m` micro-batches under `schedule`: [("F", i) | ("B", i)]; 1F1B:
+    p-s-1 warm-up forwards, then F/B pairs."""
     if schedule == "gpipe":
         return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
     w = min(p - s - 1, m)
@@ -19,13 +20,14 @@ def schedule_order(schedule: str, m: int, p: int, s: int) -> list:
 
 
 def inflight(schedule: str, m: int, p: int, s: int) -> int:
-    """Micro-batches whose activations stage s holds at once: min(m, p - s) in 1F1B, m in GPipe."""
+    """The micro-batches whose activations stage `s` of `p` holds at once under `schedule`: min(`m`, p - s) in 1F1B,
+    m in GPipe."""
     return m if schedule == "gpipe" else min(m, p - s)
 
 
 def placement_of(placement, p: int, server: Server) -> list:
-    """Stage -> GPU. 'pipeline': stage s on GPU s (neighbour stages bridged); 'mirror': stage k shares a pair
-    with stage p-1-k, so a heavy early stage relays through a light late one (at the price of PCIe hops)."""
+    """The GPU of each of `p` stages on `server` under `placement`: 'pipeline', stage s on GPU s; 'mirror', stage k
+    paired with stage p-1-k, so a heavy early stage relays through a light late one."""
     if placement == "pipeline":
         if p > server.n_gpus:
             raise QftError("workload.stages", p, f"at most server.n_gpus={server.n_gpus} stages")

