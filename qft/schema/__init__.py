@@ -1,11 +1,8 @@
 """The config schema (qft.schema.groups) and what is derived from it: Hydra's group schemas, the value checks, the
 config hash's exclusions and older records' meanings, the sweep directory's excluded keys and the declared keys.
 
-A composed config holds only its presets' keys (a narrower shape leaves some out, budget=none and logger=none the whole
-section); `complete` fills every other declared key at its default, once, before a run or a tool reads the config, so
-code reads every key and a record holds each at the value the run used. `loaded` does the same for an older record,
-at the value it meant.
-
+A composed config holds only its presets' keys; `complete` fills every other declared key at its default before a
+run or a tool reads it, so the record holds every key (`loaded`: an older record's, at the value it meant).
 Nothing here imports a config group's module, so every module can import it.
 """
 

@@ -2,11 +2,8 @@
 a CPU run reads it, and what an older record that lacks it meant (spec.key). Hydra reads these classes as the schemas
 of conf/'s groups (qft.schema registers them); a group's YAML presets extend them and set only what differs.
 
-Adding a key: one `key(...)` line in its group's class (docs/extending.md).
-
-A class's `SHAPES` name the narrower schemas its presets may extend instead, each by the keys it leaves out (a packaged
-dataset has no file columns, offload=none no pipeline): those keys are absent from the composed config, and a run
-fills each at its default before it reads the config (qft.schema.complete), so its record holds every key.
+Adding a key: one `key(...)` line in its group's class (docs/extending.md). A class's `SHAPES` name narrower schemas
+its presets may extend, each by the keys it leaves out; qft.schema.complete fills those in before a run reads them.
 """
 
 from __future__ import annotations
