@@ -1,24 +1,11 @@
-"""Trainable-parameter budgets: exact LoRA counts from module shapes alone, and ranks that meet a budget.
+"""Trainable-parameter budgets: exact LoRA counts from module shapes on the meta device (no weights), and integer
+ranks that meet a budget by `shares`, `uniform` or `fitted` (ranks.solve); with budget.bits_records, the bits of
+the frozen base per layer type (bits.propose_bits). A rank-r adapter on a d_in x d_out projection has
+r * (d_in + d_out) parameters, so each group costs a fixed count per unit of rank. Submodules: costs, ranks,
+fitted, bits, evidence (the records those read), cli (`python -m qft.budget`).
 
-The model is built on the meta device, so a 70B architecture is planned in seconds from its config with no
-weights on the machine. A LoRA adapter of rank r on a d_in x d_out projection has r * (d_in + d_out)
-parameters, so each layer type (or depth group) has a fixed cost per unit of rank, and a budget is solved
-for integer ranks by one of three methods: `shares` (the split between groups nearest the requested shares),
-`uniform` (the same rank on every group) or `fitted` (per layer type, the allocation a model of accuracy
-against rank, least-squares fitted on a study's result records, predicts best; see `fit` and `propose`).
-With `budget.bits_records` (a bits sweep's records) it also proposes the bits of the frozen base per layer type:
-the smallest base the seed noise cannot tell from the best (`propose_bits`).
-
-    python -m qft.budget model=smollm2_135m budget.params=1000000
-    python -m qft.budget model=local model.path=/models/Llama-2-7b budget.params=4e6 budget.split=depth
     python -m qft.budget model=smollm2_135m budget.params=1146000 budget.method=fitted \
-        budget.records=results/rank_sweep/runs budget.records_data=bbc_news
-    python -m qft.budget budget.params=1831680 budget.method=fitted budget.records=results/rank_sweep/runs \
-        budget.records_data=reuters_r8 budget.bits_records=results/bits_sweep/runs
-
-One module a concern: costs (cost per unit of rank, the uniform rank, grid allocations), ranks (check, solve, apply),
-fitted (Fit, fit, propose), bits (propose_bits), evidence (the records those read), cli (`python -m qft.budget`).
-"""
+        budget.records=results/rank_sweep/runs budget.records_data=bbc_news"""
 
 from __future__ import annotations
 

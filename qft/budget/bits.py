@@ -38,13 +38,11 @@ class BitsProposal:
 
 
 def propose_bits(df, data: str | None = None, margin: float = 0.02) -> BitsProposal:
-    """The fewest bits per layer type shown to cost less than `margin` accuracy, from a bits sweep's records.
-
-    Why pooled over adapters: each bits setting is compared on the same adapter configurations (those measured
-    at every setting), so the adapters' own effect cancels and every seed of every adapter is a sample of the
-    setting; a setting is proposed over the best one only where equivalence within the margin is shown (TOST on
-    Welch: "no difference seen" is not enough), and among those the one whose frozen base is smallest wins (the
-    point of fewer bits is memory)."""
+    """Take `df` (a bits sweep's result records), `data` (the dataset, where they hold several) and `margin`
+    (accuracy); return the BitsProposal whose chosen setting is the smallest base shown equivalent to the best.
+    Raises QftError on budget.bits_records with no record, under two bits settings sharing an adapter configuration,
+    or a setting of one record; on budget.records_data where the records hold several datasets and `data` names none.
+    Why pooled over the adapters measured at every setting: their effect cancels, so each seed samples the setting."""
     if df is None or len(df) == 0 or "status" not in df:
         raise QftError("budget.bits_records", None, "no result record")
     ok = df[(df.status == "ok") & df.acc_test.notna() & df.attn_bits.notna() & df.mlp_bits.notna()]
@@ -78,4 +76,6 @@ def propose_bits(df, data: str | None = None, margin: float = 0.02) -> BitsPropo
 
 
 def bits_records(cfg) -> BitsProposal:
+    """propose_bits over the records under `cfg.bits_records` (`cfg` the budget group) on `cfg.records_data`;
+    raises QftError on budget.bits_records where that is no folder, and as propose_bits."""
     return propose_bits(read_records("budget.bits_records", cfg.bits_records), cfg.records_data)

@@ -17,12 +17,16 @@ from qft.errors import QftError, fail
 
 
 def overrides(argv) -> list[str]:
-    """The command line's overrides, with budget=shares first unless they choose a budget preset."""
+    """The overrides `argv` with budget=shares first unless one of them chooses a budget preset (budget=uniform,
+    budget=fitted), so the command plans by shares unless told otherwise."""
     chosen = any(a.split("=")[0] in ("budget", "+budget", "~budget") for a in argv)
     return list(argv) if chosen else ["budget=shares", *argv]
 
 
 def main(argv=None) -> int:
+    """Run `python -m qft.budget` on the overrides `argv` (default: sys.argv[1:]): print the costs per unit of rank and
+    the allocations, or with budget.method=fitted the fit and its proposal (and the bits proposal with
+    budget.bits_records). Returns the exit status: 0, or 2 after one `qft.budget: error:` line naming the bad key."""
     from qft import config, model
 
     cfg = config.compose(overrides(sys.argv[1:] if argv is None else argv), "qft.budget", __doc__)

@@ -11,7 +11,8 @@ from qft import layers as L
 
 
 def meta_layers(source) -> list[L.Layer]:
-    """The projections of an architecture, from its config alone (no weights)."""
+    """The projections (qft.layers.Layer) of the architecture `source` (a resolved model: config, model_type),
+    built on the meta device so that no weight is read or allocated."""
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
@@ -20,6 +21,7 @@ def meta_layers(source) -> list[L.Layer]:
 
 
 def groups(layers: list[L.Layer], split: str) -> dict[str, list[L.Layer]]:
+    """`layers` grouped by `split`: per layer type for "type", else per depth third (shallow, middle, deep)."""
     if split == "type":
         return {lt: [l for l in layers if l.layer_type == lt] for lt in L.LAYER_TYPES}
     thirds = L.depth_thirds(L.num_layers(layers))
@@ -27,20 +29,21 @@ def groups(layers: list[L.Layer], split: str) -> dict[str, list[L.Layer]]:
 
 
 def cost_per_rank(layers: list[L.Layer], split: str) -> dict[str, int]:
-    """Trainable parameters added by one unit of rank on every projection of each group."""
+    """Per group of `layers` under `split`, the trainable parameters one unit of rank adds on all its projections."""
     return {g: sum(l.in_features + l.out_features for l in ls) for g, ls in groups(layers, split).items()}
 
 
 def uniform(layers: list[L.Layer], params: float, split: str = "type") -> dict:
-    """The same rank r >= 1 on every group, r nearest the budget (the count is linear in r, so r rounds
-    params / (sum of the groups' cost per rank))."""
+    """The same rank r >= 1 on every group of `layers` under `split`, nearest the budget `params`, as
+    {r, params, off_by}; the count is linear in r, so r rounds `params` over the summed cost per rank."""
     step = sum(cost_per_rank(layers, split).values())
     r = max(1, round(params / step))
     return {"r": r, "params": r * step, "off_by": (r * step - params) / params}
 
 
 def allocations(layers: list[L.Layer], params: float, split: str, tolerance: float, grid) -> list[dict]:
-    """Every combination of grid ranks per group whose exact count lies within tolerance of the budget."""
+    """Every combination of ranks from `grid` per group of `layers` under `split` whose exact count lies within
+    `tolerance` (a fraction) of `params`: dicts of the ranks, params and off_by, nearest the budget first."""
     costs = cost_per_rank(layers, split)
     out = []
     for combo in itertools.product(grid, repeat=len(costs)):

@@ -10,10 +10,10 @@ from qft.errors import QftError
 
 
 def one_dataset(ok, data: str | None, what: str, strict: bool):
-    """The records of one dataset (data.source) and its name: `data` where the records hold several, else the
-    only one they hold. strict: `data`, when given, must be among them (the records were made for it); not strict:
-    it only chooses among several (budget.records_data names the rank records' dataset, which the bits records
-    need not share)."""
+    """The records of one dataset (data.source) among `ok`, and its name: `data` where they hold several, else the
+    only one. `what` names the records in errors. With `strict`, a `data` given must be among them (the records were
+    made for it); without, it only chooses among several. Raises QftError on budget.records_data where a choice is
+    needed and `data` is None, or `data` is not among them."""
     col = "cfg.data.source"
     sources = sorted(ok[col].dropna().unique()) if col in ok else []
     if len(sources) > 1 or (strict and data is not None):
@@ -28,7 +28,8 @@ def one_dataset(ok, data: str | None, what: str, strict: bool):
 
 
 def read_records(key: str, folder):
-    """The records under a folder named by a budget key, through qft.frame.collect (the one reader of records)."""
+    """The records under `folder`, read by qft.frame.collect (the one reader of records); raises QftError naming
+    `key` (the budget key that set `folder`) where `folder` is no folder."""
     path = Path(str(folder)).expanduser()
     if not path.is_dir():
         raise QftError(key, str(folder), "no such folder")

@@ -19,7 +19,8 @@ FORM = "acc = c + u*log2(1+r_attn) + v*log2(1+r_mlp) + w*log2(1+r_attn)*log2(1+r
 
 
 def features(r_attn, r_mlp) -> np.ndarray:
-    """The design rows of FORM: 1, a, m, a*m with a = log2(1 + r_attn), m = log2(1 + r_mlp)."""
+    """The design rows of FORM for ranks `r_attn` and `r_mlp` (numbers or arrays): 1, a, m, a*m with
+    a = log2(1 + r_attn), m = log2(1 + r_mlp)."""
     a, m = np.log2(1 + np.asarray(r_attn, float)), np.log2(1 + np.asarray(r_mlp, float))
     return np.stack([np.ones_like(a), a, m, a * m], axis=-1)
 
@@ -87,19 +88,11 @@ class Fit:
 
 
 def fit(df, data: str | None = None) -> Fit:
-    """Least-squares fit of FORM to the ok records of one dataset, every seed's record a point.
-
-    Why this form: accuracy grows with rank with diminishing returns (a log in rank: doubling the rank buys
-    a constant step, so 2 -> 8 buys far less than 0 -> 2 per parameter), and the two layer types are not
-    additive, because the task saturates: once one type's adapters lift accuracy to the ceiling, the other
-    type can add little, which only an interaction term w (negative under saturation) expresses.
-    The no-adapter cell (both ranks 0) is left out: it is the zero-shot prompt, not a fine-tune, and the
-    jump from prompting to any fine-tune is a step no smooth curve in rank follows (on BBC News 0.37 -> 0.86
-    at rank 2, then flat; with it in the fit the residual SE was six times the seed-to-seed SD). No
-    allocation of a budget > 0 is that cell, so the fit covers only the fine-tuned region it chooses in.
-    Fitting all seeds rather than cell means lets the residual standard error measure seed-to-seed noise and
-    weights each cell by its number of seeds. Four coefficients need at least four distinct fine-tuned cells
-    that vary both ranks, and more records than coefficients to estimate the noise; otherwise QftError."""
+    """Least-squares Fit of FORM to the ok records in `df` of one dataset (`data`, as evidence.one_dataset, strict),
+    every seed's record a point; the zero-shot records (both ranks 0) are left out and counted. Raises QftError on
+    budget.records with no usable record, records of several models, under four fine-tuned cells, cells that do not
+    vary both ranks, or no more records than coefficients; on budget.records_data as evidence.one_dataset.
+    Why this form: a log in rank gives diminishing returns; w lets one layer type's saturation cap the other's gain."""
     if df is None or len(df) == 0 or "status" not in df:
         raise QftError("budget.records", None, "no result record to fit")
     ok = df[(df.status == "ok") & df.acc_test.notna() & df.attn_r.notna() & df.mlp_r.notna()]
@@ -139,8 +132,8 @@ def fit(df, data: str | None = None) -> Fit:
 
 
 def fit_records(cfg) -> Fit:
-    """The fit of budget.records (a folder of result records, read through qft.frame.collect, the one
-    reader of records) on budget.records_data."""
+    """The Fit of the records under `cfg.records` (`cfg` the budget group) on `cfg.records_data`; raises QftError
+    on budget.records where it is unset, no folder or holds no ok record, and as `fit`."""
     if not cfg.records:
         raise QftError("budget.records", None, "budget.method=fitted needs a folder of result records, "
                        "e.g. budget.records=results/rank_sweep/runs")
@@ -221,11 +214,12 @@ def _allocation(f: Fit, costs: dict, r_attn: int, r_mlp: int, params: float) -> 
 
 
 def propose(f: Fit, layers: list[L.Layer], params: float, tolerance: float, max_rank: int | None = None) -> Proposal:
-    """Over integer (r_attn, r_mlp), each within [0, max_rank] (default: the largest rank measured for that
-    type, so the choice never rests on extrapolation), whose exact count lies within tolerance below the budget
-    (never above: predictions rise with parameters, so a window on both sides would favour its top and compare
-    unequal counts): the one with the highest predicted accuracy (ties: nearest the budget), beside the uniform
-    allocation (the same rank on both, nearest the budget) and the predicted difference with its 95% interval."""
+    """Take the Fit `f`, the projections `layers`, the budget `params`, `tolerance` (a fraction) and `max_rank`
+    (default: the largest rank `f` measured per layer type); over integer (r_attn, r_mlp) up to it whose exact count
+    lies within `tolerance` below `params`, return the Proposal: the one `f` predicts best (ties: nearest the
+    budget), the uniform allocation, their predicted difference and its 95% interval. Raises QftError on
+    budget.params where none lies in that window.
+    Why below only: predictions rise with parameters, so a window on both sides would favour its top."""
     costs = cost_per_rank(layers, "type")
     cap = dict(f.measured) if max_rank is None else {lt: int(max_rank) for lt in L.LAYER_TYPES}
     found = [_allocation(f, costs, a, m, params) for a in range(cap["attn"] + 1) for m in range(cap["mlp"] + 1)

@@ -15,6 +15,9 @@ METHODS = schema.allowed("budget.method")
 
 
 def check(cfg) -> None:
+    """Check the budget group `cfg`: budget.grid always, and while budget.params is set its split, tolerance,
+    method, and shares (method shares) or max_rank and records (method fitted); returns None, raises QftError
+    naming the first bad key. Why: a bad budget fails before any weight is read."""
     integers("budget.grid", cfg.grid, 0, "a list of ranks (integers >= 0)")
     if cfg.params is None:
         return
@@ -36,8 +39,9 @@ def check(cfg) -> None:
 
 
 def solve(layers: list[L.Layer], cfg) -> dict[str, int]:
-    """Integer ranks per group that meet the budget within tolerance, by budget.method: `shares`, `uniform`
-    or `fitted` (the allocation the fitted accuracy model predicts best)."""
+    """Integer ranks per group of `layers` that meet the budget group `cfg` within cfg.tolerance, by cfg.method:
+    `shares` (solve_shares), `uniform` or `fitted` (the allocation fitted.propose predicts best). Raises QftError on
+    budget.params where none meets it, and as fitted.fit_records."""
     method = cfg.method
     if method == "uniform":
         u = uniform(layers, cfg.params, cfg.split)
@@ -57,8 +61,9 @@ def solve(layers: list[L.Layer], cfg) -> dict[str, int]:
 
 
 def solve_shares(layers: list[L.Layer], cfg) -> dict[str, int]:
-    """Integer ranks per group whose exact total lies within tolerance of the budget and whose split
-    between groups is nearest the requested shares (ties: nearest the budget)."""
+    """Integer ranks per group of `layers` whose exact total lies within cfg.tolerance of cfg.params (`cfg` the
+    budget group) and whose split between groups is nearest cfg.shares (ties: nearest the budget); raises QftError
+    on budget.params where none does."""
     costs = cost_per_rank(layers, cfg.split)
     names, unit = list(costs), list(costs.values())
     shares = [float(s) / sum(cfg.shares) for s in cfg.shares]
@@ -83,7 +88,8 @@ def solve_shares(layers: list[L.Layer], cfg) -> dict[str, int]:
 
 
 def apply(cfg, layers: list[L.Layer]) -> dict[str, int]:
-    """Set the adapter ranks of `cfg` in place from its budget; return the solved ranks."""
+    """Write the ranks `solve` finds for `layers` into the adapter config of `cfg` (a run's whole config) in place,
+    per layer type or as budget_* depth groups, and return them; raises QftError as `solve`."""
     from omegaconf import open_dict
 
     ranks = solve(layers, cfg.budget)
