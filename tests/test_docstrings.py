@@ -18,8 +18,7 @@ LONG_ELSEWHERE = {"qft/budget/__init__.py:<module>", "qft/budget/fitted.py:fit"}
 MEASURED_ELSEWHERE: set = set()
 # modules rewritten separately whose public functions do not yet name every parameter; empty it as they do
 UNNAMED_ELSEWHERE = {"qft/budget/bits.py", "qft/budget/cli.py", "qft/budget/costs.py", "qft/budget/evidence.py",
-                     "qft/budget/fitted.py", "qft/budget/ranks.py", "qft/config.py", "qft/run.py",
-                     "qft/schema/__init__.py", "qft/schema/spec.py"}
+                     "qft/budget/fitted.py", "qft/budget/ranks.py"}
 # a figure measured on some machine: a duration, a size in memory units, a compute rate, a speed ratio, a date
 MEASURED = re.compile(r"\b\d+(?:\.\d+)?(?:-\d+(?:\.\d+)?)?\s?(?:s|ms|µs|us|min|MB|GB|MiB|GiB|[GT]FLOP/s)\b"
                       r"|\b\d+(?:\.\d+)?(?:-\d+(?:\.\d+)?)?x (?:faster|slower|cheaper)\b|\b20\d\d-\d\d-\d\d\b")
