@@ -22,8 +22,8 @@ HEADER = re.compile(r"#\s*@package\s+(\S+)")
 
 
 def equal_shares(split: str) -> list[int]:
-    """budget.shares' default (conf/config.yaml): equal weights, one per group of budget.split, so that a depth split
-    needs no shares of its own; a run's record holds the list it resolved to."""
+    """budget.shares' default: `split`'s group count of equal weights ([1, 1] for type, [1, 1, 1] for depth), so a depth
+    split needs no shares of its own; a run's record holds the list it resolved to."""
     return [1, 1, 1] if split == "depth" else [1, 1]
 
 
@@ -103,9 +103,9 @@ def _walk(nodes) -> tuple[dict[str, frozenset], dict[str, list[str]]]:
 
 
 def chosen(overrides, config_name: str = "config") -> dict[str, frozenset] | None:
-    """The keys the chosen presets give the config (what Hydra composes from these overrides less the keys they
-    append), where an override appends one (`+model.seed=5` on a model whose preset has no seed: accepted by Hydra,
-    read by nothing); None where none does, or outside Hydra. Pass Hydra's overrides too (`hydra.searchpath`)."""
+    """The keys the presets chosen by `overrides` give the config of `config_name` (what Hydra composes from them less
+    the keys they append), where an override appends one (`+model.seed=5` on a model whose preset has no seed);
+    None where none does, or outside Hydra. Pass Hydra's overrides too (`hydra.searchpath`)."""
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.types import RunMode
@@ -132,8 +132,8 @@ def chosen(overrides, config_name: str = "config") -> dict[str, frozenset] | Non
 
 
 def job_keys(hydra_cfg) -> dict[str, frozenset] | None:
-    """chosen() for a Hydra job, from its own overrides (Hydra's included), as the task function and the dry-run
-    launcher see them."""
+    """chosen() for the Hydra job whose config is `hydra_cfg`, from its own overrides (Hydra's included), as the task
+    function and the dry-run launcher see them."""
     return chosen([*hydra_cfg.overrides.hydra, *hydra_cfg.overrides.task], hydra_cfg.job.config_name)
 
 
@@ -150,8 +150,9 @@ def _elsewhere(key: str) -> str | None:
 
 
 def check_keys(cfg, path: str = "", keys: dict[str, frozenset] | None = None) -> None:
-    """Every key of the composed config is one some preset declares where it stands, and where `keys` (chosen())
-    says which presets were chosen, one they declare."""
+    """Raise QftError unless every key of the composed `cfg` (under `path`) is one some preset declares where it
+    stands, and where `keys` (chosen()) says which presets were chosen, one they declare; the error names the key
+    and the presets that hold it."""
     from omegaconf import DictConfig
 
     for key, value in cfg.items_ex(resolve=False):
@@ -165,7 +166,7 @@ def check_keys(cfg, path: str = "", keys: dict[str, frozenset] | None = None) ->
 
 
 def one_line(e: Exception) -> str:
-    """Hydra's override error as one line; an unknown key names the keys allowed where it was put."""
+    """Hydra's override error `e` as one line; an unknown key names the keys allowed where it was put."""
     text = " ".join(str(e).split("Config search path")[0].split())  # Hydra appends its search path: noise here
     typo = re.search(r"Key '[^']+' not in '[^']+' full_key: (\S+)", text)
     if typo:  # a preset's key its group's schema does not declare (a user's own preset on hydra.searchpath)
@@ -190,8 +191,9 @@ def one_line(e: Exception) -> str:
 
 
 def device(cfg, planning: bool = False) -> str:
-    """The device a run uses; `planning` (the memory model sizing a GPU run from any machine) accepts
-    device=cuda without one."""
+    """The device ("cpu" or "cuda") the config `cfg` runs on: device=auto takes CUDA where visible. Raises QftError
+    (device) on another value, or on device=cuda without a GPU unless `planning` (the memory model sizing a GPU
+    run from any machine)."""
     import torch
 
     if cfg.device not in DEVICES:
@@ -202,10 +204,9 @@ def device(cfg, planning: bool = False) -> str:
 
 
 def compose(argv, prog: str, doc: str = ""):
-    """The config a CLI's Hydra overrides compose to, completed (qft.schema.complete), or None once Hydra's error is
-    printed as one line.
-
-    `-h`/`--help` prints the usage and `doc` and exits 0: Hydra's override parser would read it as a bad override."""
+    """The config Hydra composes from the command line `argv` (None: sys.argv), completed (qft.schema.complete), or
+    None once Hydra's or the key check's error is printed as one line prefixed by `prog`. `-h`/`--help` prints the
+    usage and `doc` and exits 0 (Hydra's parser would read it as a bad override)."""
     import sys
 
     from hydra import compose as hydra_compose, initialize_config_dir

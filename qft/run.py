@@ -29,15 +29,11 @@ _ONE_RUN = threading.Lock()  # a run seeds and draws from torch's global generat
 
 
 def run(cfg, run_dir: Path, keys=None) -> dict:
-    """Run one fine-tune and write its record; a failure is recorded with its reason, then re-raised.
-
-    A run directory that already holds an ok record of the same config is left alone, so re-running a
-    sweep redoes only what failed or never finished. `keys`: the keys of the presets Hydra chose
-    (qft.config.chosen), so that a key appended to presets that lack it is refused.
-    One run at a time per process: torch's random generator and thread count are the process's, so two runs on
-    threads of one process (a notebook's, a user's thread pool) would each draw the other's numbers and both record
-    ok. A second is refused before it reads or records anything; run each in its own process (as Hydra's launchers do).
-    """
+    """Run one fine-tune of the config `cfg` and write its record (result.json) into `run_dir`; returns the record.
+    `keys`: the keys of the presets Hydra chose (qft.config.chosen), so a key appended to presets that lack it is
+    refused. A run directory holding an ok record of the same config is left alone (a rerun sweep redoes only what
+    failed). A failure is recorded with its reason, then re-raised (QftError for bad input). One run at a time per
+    process: torch's generator and thread count are the process's, so a second concurrent run is refused."""
     if not _ONE_RUN.acquire(blocking=False):
         raise QftError("run_dir", str(run_dir), "another run is in progress in this process (on another thread); "
                        "torch's random generator is the process's, so runs go one at a time per process: start "
@@ -140,10 +136,10 @@ class Built:
 
 
 def build(cfg, source: model.Source, device: torch.device, trains_on: torch.device | None = None) -> Built:
-    """Seed, load the base, quantize it per layer type and attach the adapters per layer type; on `device`, for
-    training on `trains_on` (a pipeline's stages build on the CPU: default, `device`). The thread count the build
-    found is the one it leaves: a library's OpenMP start-up in it (numba's did, before the loops were warmed first)
-    would have the run compute at another count than its record names."""
+    """A Built (network, projections, bits, plan, ...) of the config `cfg`: seeded, the base loaded from `source`,
+    quantized and given adapters per layer type, on `device`, for training on `trains_on` (default `device`; a
+    pipeline's stages build on the CPU). The build leaves the thread count it found, so the run computes at the
+    count its record names."""
     threads = torch.get_num_threads()
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)

@@ -17,7 +17,7 @@ LONG_ELSEWHERE: set = set()
 # docstrings with a measured figure in modules rewritten separately; empty it as they are
 MEASURED_ELSEWHERE: set = set()
 # modules rewritten separately whose public functions do not yet name every parameter; empty it as they do
-UNNAMED_ELSEWHERE = {"qft/config.py", "qft/run.py", "qft/schema/__init__.py", "qft/schema/spec.py"}
+UNNAMED_ELSEWHERE: set = set()
 # a figure measured on some machine: a duration, a size in memory units, a compute rate, a speed ratio, a date
 MEASURED = re.compile(r"\b\d+(?:\.\d+)?(?:-\d+(?:\.\d+)?)?\s?(?:s|ms|µs|us|min|MB|GB|MiB|GiB|[GT]FLOP/s)\b"
                       r"|\b\d+(?:\.\d+)?(?:-\d+(?:\.\d+)?)?x (?:faster|slower|cheaper)\b|\b20\d\d-\d\d-\d\d\b")

@@ -61,7 +61,7 @@ def _any_typed(cls, typed=Any, leave_out: tuple = ()):
 
 @functools.cache
 def shapes(group: str) -> dict:
-    """The schemas a group's presets extend, by name: its classes, and each class's narrower SHAPES."""
+    """{name: schema class} a preset of the config `group` can extend: its classes and each class's narrower SHAPES."""
     out = dict(GROUPS.get(group, {}))
     for cls in GROUPS.get(group, {}).values():
         out.update({name: _any_typed(cls, None, left) for name, left in getattr(cls, "SHAPES", {}).items()})
@@ -104,7 +104,7 @@ def keys() -> dict[str, Key]:
 
 
 def defaults(section: str) -> dict:
-    """A section's keys at their defaults (its first shape's), for code that builds a config without Hydra."""
+    """{key: default} of the config `section` (its first shape's), for code that builds a config without Hydra."""
     cls = TOP[section] if section in TOP else next(iter(GROUPS[section].values()))
     return {k.path: k.default for k in keys_of(cls, "")}
 
@@ -134,7 +134,7 @@ def declared() -> dict[str, frozenset]:
 
 
 def allowed(path: str) -> tuple:
-    """The values a key's Choice allows."""
+    """The values the Choice of the key at dotted `path` allows (None for a key without one)."""
     return keys()[path].allowed
 
 
@@ -182,9 +182,9 @@ def exclude_keys() -> list[str]:
 
 
 def loaded(config: dict) -> dict:
-    """A record's config as a run of today reads it: every declared key of a section it holds that it lacks, at the
-    value an older record meant (`before`). The one place an older record's meaning is applied (predict, the report,
-    resume)."""
+    """A record's `config` (a dict) as a run of today reads it: a copy in which every declared key of a section it
+    holds, that it lacks, is filled at the value an older record meant (`before`). The one place an older record's
+    meaning is applied (predict, the report, resume)."""
     conf = copy.deepcopy(config)
     for section, classes in sections().items():  # a section all of whose keys say what its absence meant
         if section not in conf and all(k.before is not NONE for c in classes for k in keys_of(c, "")):
@@ -202,11 +202,10 @@ def loaded(config: dict) -> dict:
 
 
 def complete(cfg):
-    """A composed config as a run reads it, completed in place and returned: each key of the top, of a section with
-    one schema class (its presets' shape may be narrower) and of an absent section (budget=none, logger=none: its
-    first class) that it lacks, at its declared default. An absent OPTIONAL section (evaluate=none) stays absent.
-    The one place a live config gets the keys its presets leave out: the run, the CLIs' compose and Hydra's
-    dry run call it before they read the config."""
+    """The composed config `cfg`, completed in place and returned: each declared key its presets left out (a narrower
+    shape, an absent section such as budget=none) at its declared default; an absent OPTIONAL section
+    (evaluate=none) stays absent. The one place a live config gets those keys: the run, the CLIs' compose and
+    Hydra's dry run call it before they read the config, so a record holds every key at the value used."""
     from omegaconf import open_dict
 
     def fill(node, cls) -> None:
@@ -229,22 +228,21 @@ def complete(cfg):
 
 
 def cpu_only(section: str) -> tuple:
-    """The keys of a section only a CPU run reads, in declaration order."""
+    """The keys of the config `section` only a CPU run reads, in declaration order."""
     return tuple(k.path.rpartition(".")[2] for k in keys().values() if k.cpu_only and k.path.startswith(section + "."))
 
 
 def accel_mode(cfg, device: str) -> str:
-    """accel.mode as a run on `device` ("cpu", "cuda", "cuda:1" or a torch.device) takes it: auto is cpu on a CPU,
-    off on CUDA."""
+    """accel.mode of the config `cfg` as a run on `device` ("cpu", "cuda", "cuda:1" or a torch.device) takes it:
+    auto is cpu on a CPU, off on CUDA."""
     mode = cfg.accel.mode
     on_cpu = str(getattr(device, "type", device)).split(":")[0] == "cpu"
     return ("cpu" if on_cpu else "off") if mode == "auto" else mode
 
 
 def accel_switches(cfg, device) -> dict:
-    """The speed switches (accel.*: fusion, compiled loops, split rows, the host allocator, the quantized and
-    dequantized caches) as a run on `device` ("cpu" or "cuda") takes them: {name: value}, each set one overriding
-    the mode's. The one place the speed layer reads them from."""
+    """{switch: value} of the speed switches (accel.*) of the config `cfg` as a run on `device` ("cpu" or "cuda")
+    takes them: each one set overrides the mode's value. The one place the speed layer reads them from."""
     mode = accel_mode(cfg, device)
     out = {}
     for k in keys().values():

@@ -117,11 +117,11 @@ class WordsOrInts:
 
 def key(default: Any, help: str, check=None, *, hashed: bool = True, cpu_only: bool = False, before: Any = NONE,
         old_hash: str | None = None, cpu: Any = NONE, off: Any = NONE, of=None):
-    """A declared key. `check` refuses a bad value (None: its module checks it, with other keys); `hashed`: whether it
-    enters the config hash; `before`: what an older record that lacks it meant, filled in whenever a record's config
-    is loaded; `old_hash`: how the hash keeps older records' hashes: "with" (a config lacking the key is hashed with
-    it at `before`) or "without" (at `before` it is left out of the hash); `cpu`/`off`: an accel switch's value under
-    accel=cpu and accel=off; `of`: the class whose keys a map holds (a layer type's settings)."""
+    """A dataclass field declaring one config key: its `default` and one line of `help`; `check` refuses a bad value
+    (None: its module checks it); `hashed`: whether it enters the config hash; `cpu_only`: read by CPU runs only;
+    `before`: what an older record lacking it meant; `old_hash`: "with" (hashed at `before` when absent) or
+    "without" (left out of the hash at `before`); `cpu`/`off`: an accel switch's value under accel=cpu and
+    accel=off; `of`: the class whose keys a map holds (a layer type's settings)."""
     meta = {"help": help, "check": check, "hashed": hashed, "cpu_only": cpu_only, "before": before,
             "old_hash": old_hash, "cpu": cpu, "off": off, "of": of}
     if isinstance(default, (dict, list)):
@@ -152,6 +152,8 @@ class Key:
 
 
 def keys_of(cls, prefix: str) -> list[Key]:
+    """The Key of each field of the schema class `cls`, its path prefixed by `prefix` ("train."), in declaration
+    order."""
     out = []
     for f in dataclasses.fields(cls):
         m = f.metadata
