@@ -1,7 +1,6 @@
 """Docstrings state the contract and stay short: every public function of qft/ names each parameter it takes, no
 docstring runs over MAX_LINES, and none holds a measured figure (those live in benchmarks/README.md and docs/); a
-conf/ line with a comment stays within MAX_YAML_COMMENT characters. Read from the source text alone (ast, no imports).
-The *_ELSEWHERE sets name what is rewritten separately; a test fails once an entry no longer needs to be there."""
+conf/ line with a comment stays within MAX_YAML_COMMENT characters. Read from the source text alone (ast, no imports)."""
 
 import ast
 import re
@@ -12,12 +11,6 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 MAX_LINES = 8  # of any docstring in qft/ (module, class or function)
 MAX_YAML_COMMENT = 120  # characters in a line of conf/ that holds a comment
-# docstrings over MAX_LINES in modules whose docstrings are rewritten separately; empty it as they are
-LONG_ELSEWHERE: set = set()
-# docstrings with a measured figure in modules rewritten separately; empty it as they are
-MEASURED_ELSEWHERE: set = set()
-# modules rewritten separately whose public functions do not yet name every parameter; empty it as they do
-UNNAMED_ELSEWHERE: set = set()
 # a figure measured on some machine: a duration, a size in memory units, a compute rate, a speed ratio, a date
 MEASURED = re.compile(r"\b\d+(?:\.\d+)?(?:-\d+(?:\.\d+)?)?\s?(?:s|ms|µs|us|min|MB|GB|MiB|GiB|[GT]FLOP/s)\b"
                       r"|\b\d+(?:\.\d+)?(?:-\d+(?:\.\d+)?)?x (?:faster|slower|cheaper)\b|\b20\d\d-\d\d-\d\d\b")
@@ -72,16 +65,9 @@ def test_docstrings_are_short():
     for path in sources():
         rel = path.relative_to(ROOT).as_posix()
         long += [f"{rel}:{name} ({len(doc.splitlines())} lines)" for name, doc in docstrings(path)
-                 if len(doc.splitlines()) > MAX_LINES and f"{rel}:{name}" not in LONG_ELSEWHERE]
+                 if len(doc.splitlines()) > MAX_LINES]
     assert len(sources()) > 50
     assert not long, "\n".join(long)
-
-
-def test_the_long_docstrings_left_elsewhere_are_still_long():
-    """An entry of LONG_ELSEWHERE that is short now comes out of the list."""
-    found = {f"{p.relative_to(ROOT).as_posix()}:{name}" for p in sources() for name, doc in docstrings(p)
-             if len(doc.splitlines()) > MAX_LINES}
-    assert LONG_ELSEWHERE <= found, sorted(LONG_ELSEWHERE - found)
 
 
 def measured() -> dict[str, list[str]]:
@@ -96,18 +82,14 @@ def measured() -> dict[str, list[str]]:
 
 
 def test_docstrings_hold_no_measurements():
-    found = {k: v for k, v in measured().items() if k not in MEASURED_ELSEWHERE}
+    found = measured()
     assert not found, "\n".join(f"{k}: {v}" for k, v in found.items())
-    assert MEASURED_ELSEWHERE <= set(measured()), sorted(MEASURED_ELSEWHERE - set(measured()))
 
 
 def test_public_functions_name_their_parameters():
     """Every public top-level function of qft/ names each parameter it takes (train.train its four among them)."""
-    found = [f"{p.relative_to(ROOT).as_posix()}: {u}" for p in sources() for u in unnamed_parameters(p)
-             if p.relative_to(ROOT).as_posix() not in UNNAMED_ELSEWHERE]
+    found = [f"{p.relative_to(ROOT).as_posix()}: {u}" for p in sources() for u in unnamed_parameters(p)]
     assert not found, "\n".join(found)
-    still = {p.relative_to(ROOT).as_posix() for p in sources() if unnamed_parameters(p)}
-    assert UNNAMED_ELSEWHERE <= still, sorted(UNNAMED_ELSEWHERE - still)
 
 
 def test_the_parameter_check_sees_a_missing_name(tmp_path):
