@@ -546,3 +546,27 @@ def test_the_gates_lanes_refuse_to_start_twice(tmp_path):
                              env={"PATH": "/usr/bin:/bin", "GATE_CHECKOUT": str(tmp_path / "wt")})
     assert got.returncode == 2 and got.stdout == "" and not (tmp_path / "wt").exists()
     assert got.stderr.splitlines() == [got.stderr.strip()] and "running already" in got.stderr
+
+
+def test_the_gates_lane_runs_its_lines_of_each_stage_in_order(tmp_path):
+    """A lane runs its lines of jobs.txt, then of harder.txt (stage 4), each from its stage's checkout; here with a
+    stand-in python that writes down where and with what it was called."""
+    import subprocess
+
+    fake = tmp_path / "python"
+    fake.write_text('#!/bin/bash\necho "$PWD $*" >> "$TMPDIR/calls"\n')
+    fake.chmod(0o755)
+    (tmp_path / "wt").mkdir()
+    got = subprocess.run(["bash", "experiments/sensitivity_gate/run.sh", "--lane", "B", "jobs.txt:c1 harder.txt:c2"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60,
+                         env={"PATH": "/usr/bin:/bin", "PYTHON": str(fake), "TMPDIR": str(tmp_path),
+                              "GATE_CHECKOUT": str(tmp_path / "wt")})
+    assert got.returncode == 0, got.stderr
+    here = ROOT / "experiments" / "sensitivity_gate"
+    want = [line[2:] for f in ("jobs.txt", "harder.txt") for line in (here / f).read_text().splitlines()
+            if line.startswith("B ")]
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert len(want) >= 6 and len(calls) == len(want)
+    prefix = f"{tmp_path / 'wt'} -m qft +experiment=sensitivity_gate hydra.sweep.dir={ROOT}/results/sensitivity_gate/runs "
+    assert calls == [prefix + line for line in want]
+    assert "train.steps=500" in calls[-1]
