@@ -64,6 +64,7 @@ def main(argv: list[str]) -> int:
     print("| candidate | cut | seed | top acc | rank-1 acc | top - rank 1 [90%] | test documents (discordant) | train / val | "
           "rule | run kind | validation accuracy at steps 50, 100, ...: top cell / rank 1 |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
+    passed_at: dict = {}  # candidate -> the top rank whose cut passed the screen (stage 3 confirms that cut)
     for c in candidates:
         if c.get("void"):
             print(f"| {c['name']} | void | | | | | | | | {c['void']} | |")
@@ -81,12 +82,14 @@ def main(argv: list[str]) -> int:
                 r = cut(hi, lo)
                 sizes = hi[0]["data"]["sizes"]
                 passed = r["diff"] >= rule["cut_at_least"] and r["lo"] > rule["lower_90_above"]
+                if passed:
+                    passed_at.setdefault(c["name"], top)
                 curve = " / ".join(" ".join(f"{v:.3f}" for _, v in (cell[0].get("val_curve") or [])) for cell in (hi, lo))
                 print(f"| {c['name']} | {top} -> 1 | {seed} | {hi[0]['final_accuracy']['test']:.4f} | "
                       f"{lo[0]['final_accuracy']['test']:.4f} | {r['diff']:+.4f} [{r['lo']:+.4f}, {r['hi']:+.4f}] | "
                       f"{r['n']} ({r['discordant']:.3f}) | {sizes['train']} / {sizes['val']} | {'passes' if passed else 'fails'} | {kinds.pop()} | "
                       f"{curve} |")
-    confirm(plan, cells)
+    confirm(plan, cells, passed_at)
     return 0
 
 
@@ -108,21 +111,25 @@ def aligned(pairs: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return np.array([r[0] for r in rows]), np.array([r[1] for r in rows]), gold
 
 
-def confirm(plan: dict, cells: dict) -> None:
-    """Stage 3's table: the rule on seeds x documents per candidate and family, and the curve over rank."""
+def confirm(plan: dict, cells: dict, passed_at: dict) -> None:
+    """Stage 3's table: the rule on seeds x documents per candidate and family, on the cut that passed its screen
+    (`passed_at`: 8 -> 1 after stage 1; 32 -> 1, with (32, 32) in place of (16, 16), after stages 2 and 4), and the
+    curve over rank."""
     seeds, rule = plan["confirm_seeds_amended"], plan["rule"]
-    ranks = [c["attn_r"] for c in plan["confirm_cells_amended"]]
-    names = sorted({(k[0], k[1]) for k in cells if k[4] in seeds})
+    names = sorted({(k[0], k[1]) for k in cells if k[4] in seeds and k[0] in passed_at})
     if not names:
         return
     print()
-    print("| candidate | model | seeds (pairs) | 8 - 1 [90%, generalized] | rule | class-balanced 8 - 1 [90%] | "
-          "mean test accuracy at rank " + ", ".join(map(str, ranks)) + " (seeds) | run kinds |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| candidate | model | cut | seeds (pairs) | top - 1 [90%, generalized] | rule | class-balanced top - 1 [90%] | "
+          "mean test accuracy by rank (seeds) | run kinds |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, model in names:
+        top = passed_at[name]
+        ranks = [c["attn_r"] for c in plan["confirm_cells_amended"]]
+        ranks = ranks if top == 8 else [r for r in ranks if r != 16] + [top]
         pairs, kinds, straddled = [], set(), []
         for seed in seeds:
-            hi, lo = cells.get((name, model, 8, 8, seed)), cells.get((name, model, 1, 1, seed))
+            hi, lo = cells.get((name, model, top, top, seed)), cells.get((name, model, 1, 1, seed))
             if not hi or not lo:
                 continue
             k = {frame.record_kind(hi[0]), frame.record_kind(lo[0])}
@@ -134,20 +141,20 @@ def confirm(plan: dict, cells: dict) -> None:
         curve = []
         for r in ranks:
             acc = [cells[(name, model, r, r, s)][0]["final_accuracy"]["test"] for s in seeds if (name, model, r, r, s) in cells]
-            curve.append(f"{np.mean(acc):.4f} ({len(acc)})" if acc else "-")
+            curve.append(f"{r}: {np.mean(acc):.4f} ({len(acc)})" if acc else f"{r}: -")
         got = f"{len(pairs)} of {len(seeds)}" + (f"; seeds {straddled} straddle kinds, not pairs" if straddled else "")
         if len(pairs) < 2:
-            print(f"| {name} | {model} | {got} | | pending | | {', '.join(curve)} | {' / '.join(map(str, kinds))} |")
+            print(f"| {name} | {model} | {top} -> 1 | {got} | | pending | | {', '.join(curve)} | {' / '.join(map(str, kinds))} |")
             continue
-        top, low, gold = aligned(pairs)
-        d = top - low
+        high, low, gold = aligned(pairs)
+        d = high - low
         lo90, hi90, *_ = generalized(d, rule["lower_90_above"], level=0.90)
         labels, counts = np.unique(gold, return_counts=True)
         weight = len(gold) / (len(labels) * counts[np.searchsorted(labels, gold)])
         blo, bhi, *_ = generalized(d * weight, rule["lower_90_above"], level=0.90)
         passed = d.mean() >= rule["cut_at_least"] and lo90 > rule["lower_90_above"]
         verdict = ("passes" if passed else "fails") if len(pairs) == len(seeds) else "pending"
-        print(f"| {name} | {model} | {got} ({d.shape[1]} documents) | {d.mean():+.4f} [{lo90:+.4f}, {hi90:+.4f}] | "
+        print(f"| {name} | {model} | {top} -> 1 | {got} ({d.shape[1]} documents) | {d.mean():+.4f} [{lo90:+.4f}, {hi90:+.4f}] | "
               f"{verdict} | {(d * weight).mean():+.4f} [{blo:+.4f}, {bhi:+.4f}] | {', '.join(curve)} | "
               f"{' / '.join(map(str, kinds))} |")
 
