@@ -549,24 +549,24 @@ def test_the_gates_lanes_refuse_to_start_twice(tmp_path):
 
 
 def test_the_gates_lane_runs_its_lines_of_each_stage_in_order(tmp_path):
-    """A lane runs its lines of jobs.txt, then of harder.txt (stage 4), each from its stage's checkout; here with a
-    stand-in python that writes down where and with what it was called."""
+    """A lane runs its lines of jobs.txt, then of harder.txt (stage 4), each stage from its checkout at its thread
+    count; here with a stand-in python that writes down where, at how many threads and with what it was called."""
     import subprocess
 
     fake = tmp_path / "python"
-    fake.write_text('#!/bin/bash\necho "$PWD $*" >> "$TMPDIR/calls"\n')
+    fake.write_text('#!/bin/bash\necho "$PWD $OMP_NUM_THREADS $*" >> "$TMPDIR/calls"\n')
     fake.chmod(0o755)
     (tmp_path / "wt").mkdir()
-    got = subprocess.run(["bash", "experiments/sensitivity_gate/run.sh", "--lane", "B", "jobs.txt:c1 harder.txt:c2"],
+    got = subprocess.run(["bash", "experiments/sensitivity_gate/run.sh", "--lane", "B", "jobs.txt:c1:1 harder.txt:c2:3"],
                          cwd=ROOT, capture_output=True, text=True, timeout=60,
                          env={"PATH": "/usr/bin:/bin", "PYTHON": str(fake), "TMPDIR": str(tmp_path),
                               "GATE_CHECKOUT": str(tmp_path / "wt")})
     assert got.returncode == 0, got.stderr
     here = ROOT / "experiments" / "sensitivity_gate"
-    want = [line[2:] for f in ("jobs.txt", "harder.txt") for line in (here / f).read_text().splitlines()
-            if line.startswith("B ")]
+    want = [(threads, line[2:]) for f, threads in (("jobs.txt", 1), ("harder.txt", 3))
+            for line in (here / f).read_text().splitlines() if line.startswith("B ")]
     calls = (tmp_path / "calls").read_text().splitlines()
     assert len(want) >= 6 and len(calls) == len(want)
-    prefix = f"{tmp_path / 'wt'} -m qft +experiment=sensitivity_gate hydra.sweep.dir={ROOT}/results/sensitivity_gate/runs "
-    assert calls == [prefix + line for line in want]
+    sweep = f"-m qft +experiment=sensitivity_gate hydra.sweep.dir={ROOT}/results/sensitivity_gate/runs"
+    assert calls == [f"{tmp_path / 'wt'} {threads} {sweep} {line}" for threads, line in want]
     assert "train.steps=500" in calls[-1]

@@ -1,9 +1,10 @@
 #!/bin/bash
 # Start, or restart, the gate's two lanes, from the repository root. Each lane runs its lines of the stage's jobs files
-# in order at 1 thread, each file from a checkout pinned at the commit that declared it: the screen's, stages 1 and 2
-# (jobs.txt), at qft 93e4679, the commit of plan.yaml, then stage 4's (harder.txt) at HARDER_COMMIT, the commit of the
-# amendment of 2026-12-07 14:50 UTC; the confirmation's (confirm.txt, `run.sh confirm`) at CONFIRM_COMMIT, the commit
-# of the amendment of 08:25 UTC. GATE_COMMIT overrides the commit of every file, GATE_CHECKOUT the checkout (default
+# in order, each file from a checkout pinned at the commit that declared it and at its thread count: the screen's,
+# stages 1 and 2 (jobs.txt), at qft 93e4679, the commit of plan.yaml, then stage 4's (harder.txt) at HARDER_COMMIT,
+# the commit of the amendment of 2026-12-07 14:45 UTC, at 1 thread; the confirmation's (`run.sh confirm`) at
+# CONFIRM_COMMIT, the commit of the amendment of 08:25 UTC: r8_few's (confirm.txt) at 1 thread, then ng20's
+# (confirm_ng20.txt, lane A alone, note of 16:17 UTC) at 2. GATE_COMMIT overrides the commit of every file, GATE_CHECKOUT the checkout (default
 # beside this repository, named by the commit); PYTHON is this checkout's .venv. The records land in this checkout's
 # results/sensitivity_gate/runs, where a done run is skipped and a killed one resumes from its checkpoint, so a
 # restart is the same command. Output and the lanes' start/end lines go to $TMPDIR (default /tmp).
@@ -12,19 +13,21 @@ set -euo pipefail
 repo=$PWD
 CONFIRM_COMMIT=b8e49f7
 HARDER_COMMIT=da674d9
-stages="jobs.txt:93e4679 harder.txt:$HARDER_COMMIT"
-if [ "${1:-}" = "confirm" ]; then stages="confirm.txt:$CONFIRM_COMMIT"; shift; fi
+stages="jobs.txt:93e4679:1 harder.txt:$HARDER_COMMIT:1"  # file:commit:threads
+if [ "${1:-}" = "confirm" ]; then stages="confirm.txt:$CONFIRM_COMMIT:1 confirm_ng20.txt:$CONFIRM_COMMIT:2"; shift; fi
 python=${PYTHON:-$repo/.venv/bin/python}
 out=$repo/results/sensitivity_gate/runs
 logs=${TMPDIR:-/tmp}
-checkout_of() { echo "${GATE_CHECKOUT:-$(dirname "$repo")/qft-sensitivity-gate-${GATE_COMMIT:-$1}}"; }
+commit_of() { local c=${1#*:}; echo "${c%%:*}"; }
+checkout_of() { echo "${GATE_CHECKOUT:-$(dirname "$repo")/qft-sensitivity-gate-${GATE_COMMIT:-$(commit_of "$1")}}"; }
 if [ "${1:-}" = "--lane" ]; then
   for stage in $3; do
-    checkout=$(checkout_of "${stage#*:}")
+    checkout=$(checkout_of "$stage")
+    threads=${stage##*:}
     grep "^$2 " "$repo/experiments/sensitivity_gate/${stage%%:*}" | cut -d' ' -f2- | while IFS= read -r line; do
       echo "$(date -u +%FT%T) start $line" >> "$logs/gate-lane-$2.log"
       rc=0
-      (cd "$checkout" && eval "OMP_NUM_THREADS=1 PYTHONPATH=$checkout QFT_PROGRESS=0 $python -m qft \
+      (cd "$checkout" && eval "OMP_NUM_THREADS=$threads PYTHONPATH=$checkout QFT_PROGRESS=0 $python -m qft \
         +experiment=sensitivity_gate hydra.sweep.dir=$out $line") >> "$logs/gate-lane-$2.out" 2>&1 < /dev/null || rc=$?
       echo "$(date -u +%FT%T) end rc=$rc $line" >> "$logs/gate-lane-$2.log"
     done
@@ -36,12 +39,12 @@ if pgrep -f "qft \+experiment=sensitivity_gate( |$)" > /dev/null; then
   exit 2
 fi
 for stage in $stages; do
-  checkout=$(checkout_of "${stage#*:}")
-  [ -d "$checkout" ] || { git worktree prune; git worktree add --detach "$checkout" "${GATE_COMMIT:-${stage#*:}}" > /dev/null; }
+  checkout=$(checkout_of "$stage")
+  [ -d "$checkout" ] || { git worktree prune; git worktree add --detach "$checkout" "${GATE_COMMIT:-$(commit_of "$stage")}" > /dev/null; }
 done
 mkdir -p "$out"
 [ "${1:-}" = "--prepare" ] && exit 0
 for name in A B; do
   setsid nohup bash "$0" --lane "$name" "$stages" < /dev/null > /dev/null 2>&1 &
 done
-echo "run.sh: lanes A and B started on $stages (file:commit, each from its pinned checkout); tail -f $logs/gate-lane-A.log"
+echo "run.sh: lanes A and B started on $stages (file:commit:threads, each from its pinned checkout); tail -f $logs/gate-lane-A.log"
