@@ -354,10 +354,10 @@ def test_gpu_check_runs_its_cpu_parts_and_names_what_it_skips(tmp_path):
     assert [[r["result"], r["detail"]] for r in written] == list(rows.values())
 
 
-PLANS = sorted((ROOT / "experiments").glob("*/plan.yaml"))
+PLANS = sorted((ROOT / "experiments").glob("*/plan*.yaml"))
 
 
-@pytest.mark.parametrize("plan", PLANS, ids=[p.parent.name for p in PLANS])
+@pytest.mark.parametrize("plan", PLANS, ids=[f"{p.parent.name}/{p.name}" for p in PLANS])
 def test_every_declared_cell_is_one_configuration_the_study_runs(plan, tmp_path):
     """Each cell of a study's declared contrasts matches at most one of the configurations its README's commands run
     (one seed each) on each dataset, and both cells match one on some dataset: a cell named too loosely (finding 2's reference against its depth cells, whose attention and MLP
