@@ -4,8 +4,8 @@
 # stages 1 and 2 (jobs.txt), at qft 93e4679, the commit of plan.yaml, then stage 4's (harder.txt) at HARDER_COMMIT,
 # the commit of the amendment of 2026-12-07 14:45 UTC, at 1 thread; the confirmation's (`run.sh confirm`) at
 # CONFIRM_COMMIT, the commit of the amendment of 08:25 UTC: r8_few's (confirm.txt) at 1 thread, then ng20's
-# (confirm_ng20.txt, lane A alone, note of 16:17 UTC) at 2. GATE_COMMIT overrides the commit of every file, GATE_CHECKOUT the checkout (default
-# beside this repository, named by the commit); PYTHON is this checkout's .venv. The records land in this checkout's
+# (confirm_ng20.txt, lane A alone, note of 16:17 UTC) at 2. GATE_COMMIT overrides the commit of every file,
+# GATE_CHECKOUT the checkout (default beside this repository, named by the commit); PYTHON is this checkout's .venv. The records land in this checkout's
 # results/sensitivity_gate/runs, where a done run is skipped and a killed one resumes from its checkpoint, so a
 # restart is the same command. Output and the lanes' start/end lines go to $TMPDIR (default /tmp).
 #   bash experiments/sensitivity_gate/run.sh [confirm]  # --prepare: make the checkouts, start nothing
