@@ -570,3 +570,83 @@ def test_the_gates_lane_runs_its_lines_of_each_stage_in_order(tmp_path):
     sweep = f"-m qft +experiment=sensitivity_gate hydra.sweep.dir={ROOT}/results/sensitivity_gate/runs"
     assert calls == [f"{tmp_path / 'wt'} {threads} {sweep} {line}" for threads, line in want]
     assert "train.steps=500" in calls[-1]
+
+
+def _stage3_record(folder: Path, family: str, r: int, seed: int, correct, wall: float, threads: int = 2,
+                   resumed: bool = False) -> None:
+    """A stage-3 ng20 record as run.run writes one (config, execution, per-example scores), for seeds.py."""
+    import json
+
+    import numpy as np
+
+    from qft import record
+
+    folder.mkdir(parents=True)
+    config = {"experiment": "sensitivity_gate", "seed": seed, "model": {"name": family},
+              "data": {"source": "twenty_newsgroups", "max_length": 256, "train_size": 4000, "val_size": 200,
+                       "test_size": 2000, "test_stream": "own", "split_seed": 0},
+              "quant": {"compute_dtype": "bf16", "attn": {"bits": 4, "quant_type": "nf4"}},
+              "adapter": {"attn": {"r": r}, "mlp": {"r": r}}, "train": {"steps": 250, "eval_batch_size": 32}}
+    n = len(correct)
+    np.savez(folder / "examples.npz", **{"final.test.index": np.arange(n), "final.test.id": np.arange(n).astype(str),
+                                         "final.test.gold": np.zeros(n, int), "final.test.pred": 1 - correct,
+                                         "final.test.correct": correct.astype(bool)})
+    execution = {"qft_commit": "b8e49f7ba16a95f0f1bdd4e6f6d791c9cc8d9d33", "cpu": "AMD EPYC",
+                 "cpu_kind": "avx512_bf16", "threads": threads, "compute_dtype": "bf16", "torch": "2.13.0+cpu"}
+    (folder / "result.json").write_text(json.dumps({
+        "status": "ok", "config": config, "config_hash": record.config_hash(config), "seed": seed,
+        "trainable_params": {"total": 10 * r}, "final_accuracy": {"test": float(correct.mean()), "val": 0.5},
+        "data": {"sizes": {"val": 200, "test": n}}, "train_seconds": wall / 2, "wall_seconds": wall,
+        "execution": execution, "examples": "examples.npz",
+        **({"execution_history": [execution, execution]} if resumed else {})}))
+
+
+def test_finding1_ng20s_seed_rule_reads_exactly_each_familys_six_stage3_records(tmp_path):
+    """experiments/finding1_ng20/seeds.py (the seed rule its plans declare) takes each family's (32, 32) and (1, 1)
+    records of seeds 1-3 at qft b8e49f7 and 2 threads, and nothing else under the folder: M is a quarter of the mean
+    cut, the power tool runs on exactly those six folders, n = max(n_1, n_2, 3), h averages the records made in one
+    invocation; with a record missing it refuses in one line, exit 2."""
+    import re
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    runs, cuts, walls = tmp_path / "runs", {}, []
+    for f, gain in (("smollm2_135m", 0.10), ("gemma3_270m", 0.06)):
+        cuts[f] = []
+        for seed in (1, 2, 3):
+            low = (rng.random(300) < 0.6).astype(int)
+            high = np.where(rng.random(300) < gain, 1, low)
+            cuts[f].append(high.mean() - low.mean())
+            for r, c in ((32, high), (1, low)):
+                wall = 4000.0 + 100 * seed + r
+                resumed = f == "gemma3_270m" and r == 1 and seed == 2
+                _stage3_record(runs / f"{f}-{r}-{seed}", f, r, seed, c, wall, resumed=resumed)
+                walls += [] if resumed else [wall]
+        _stage3_record(runs / f"{f}-32-0", f, 32, 0, high, 1.0)  # the screen's seed 0
+        _stage3_record(runs / f"{f}-8-1", f, 8, 1, high, 1.0)  # the curve's (8, 8)
+        _stage3_record(runs / f"{f}-32-1-t1", f, 32, 1, low, 1.0, threads=1)  # another thread count
+    cmd = [sys.executable, "experiments/finding1_ng20/seeds.py", "--family", "3", "--runs", str(runs)]
+    got = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert got.returncode == 0, got.stderr[-2000:]
+    out = got.stdout
+    counts = []
+    for f in cuts:
+        section = out.split(f"## {f}")[1].split("## ")[0]
+        delta = 0.25 * np.mean(cuts[f])
+        assert f"M = 0.25 x that = {delta:.6f}" in section
+        command = re.search(r"^\$ python -m qft.tools.power (.*)$", section, re.M).group(1).split()
+        assert sorted(Path(p).name for p in command[:6]) == sorted(f"{f}-{r}-{s}" for r in (32, 1) for s in (1, 2, 3))
+        assert command[6:] == ["--delta", f"{delta:.6f}", "--family", "3"]
+        row = re.search(r"^\| 2000 \|.*$", section, re.M).group(0).split("|")
+        n_f = max(int(row[4]), int(row[5]))
+        assert f"n_{f} = {n_f}" in section
+        counts.append(n_f)
+    h = np.mean(walls) / 3600
+    assert f"n = max(n_1, n_2, 3) = {max(*counts, 3)}; h = {h:.3f} hours" in out and "11 of 12 records" in out
+    (runs / "gemma3_270m-1-3" / "result.json").unlink()
+    got = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert got.returncode == 2 and got.stdout == "" and got.stderr.count("\n") == 1
+    assert "lacks 1 of its 12 records: gemma3_270m (1, 1) seed 3" in got.stderr
