@@ -572,9 +572,11 @@ def test_the_gates_lane_runs_its_lines_of_each_stage_in_order(tmp_path):
     assert "train.steps=500" in calls[-1]
 
 
-def _stage3_record(folder: Path, family: str, r: int, seed: int, correct, wall: float, threads: int = 2,
-                   resumed: bool = False) -> None:
-    """A stage-3 ng20 record as run.run writes one (config, execution, per-example scores), for seeds.py."""
+
+def _stage3_record(folder: Path, family: str, r: int, seed: int, correct, wall: float, resumed: bool = False,
+                   status: str = "ok", execution: dict | None = None, **data) -> None:
+    """A stage-3 ng20 record as run.run writes one (config, execution, per-example scores), for seeds.py; `data`,
+    `execution` and `status` make the decoys it must leave out."""
     import json
 
     import numpy as np
@@ -584,69 +586,120 @@ def _stage3_record(folder: Path, family: str, r: int, seed: int, correct, wall: 
     folder.mkdir(parents=True)
     config = {"experiment": "sensitivity_gate", "seed": seed, "model": {"name": family},
               "data": {"source": "twenty_newsgroups", "max_length": 256, "train_size": 4000, "val_size": 200,
-                       "test_size": 2000, "test_stream": "own", "split_seed": 0},
+                       "test_size": 2000, "test_stream": "own", "split_seed": 0, **data},
               "quant": {"compute_dtype": "bf16", "attn": {"bits": 4, "quant_type": "nf4"}},
               "adapter": {"attn": {"r": r}, "mlp": {"r": r}}, "train": {"steps": 250, "eval_batch_size": 32}}
+    if "steps" in data:
+        config["train"]["steps"] = config["data"].pop("steps")
     n = len(correct)
     np.savez(folder / "examples.npz", **{"final.test.index": np.arange(n), "final.test.id": np.arange(n).astype(str),
                                          "final.test.gold": np.zeros(n, int), "final.test.pred": 1 - correct,
                                          "final.test.correct": correct.astype(bool)})
-    execution = {"qft_commit": "b8e49f7ba16a95f0f1bdd4e6f6d791c9cc8d9d33", "cpu": "AMD EPYC",
-                 "cpu_kind": "avx512_bf16", "threads": threads, "compute_dtype": "bf16", "torch": "2.13.0+cpu"}
+    run_kind = {"qft_commit": "b8e49f7ba16a95f0f1bdd4e6f6d791c9cc8d9d33", "qft_edited": False, "cpu": "AMD EPYC",
+                "cpu_kind": "avx512_bf16", "threads": 2, "compute_dtype": "bf16", "torch": "2.13.0+cpu",
+                **(execution or {})}
     (folder / "result.json").write_text(json.dumps({
-        "status": "ok", "config": config, "config_hash": record.config_hash(config), "seed": seed,
+        "status": status, "config": config, "config_hash": record.config_hash(config), "seed": seed,
         "trainable_params": {"total": 10 * r}, "final_accuracy": {"test": float(correct.mean()), "val": 0.5},
         "data": {"sizes": {"val": 200, "test": n}}, "train_seconds": wall / 2, "wall_seconds": wall,
-        "execution": execution, "examples": "examples.npz",
-        **({"execution_history": [execution, execution]} if resumed else {})}))
+        "execution": run_kind, "examples": "examples.npz",
+        **({"execution_history": [run_kind, run_kind]} if resumed else {})}))
+
+
+def _stage3(runs: Path, gains: dict) -> tuple[dict, list]:
+    """Each family's six stage-3 records under `runs` (the cut's size by `gains`), beside one decoy for each thing
+    seeds.py must check; ({family: the three seeds' cuts}, the wall seconds of the records made in one go)."""
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    cuts, walls = {}, []
+    for f, gain in gains.items():
+        cuts[f] = []
+        for seed in (1, 2, 3):
+            low = (rng.random(300) < 0.6).astype(int)
+            high = np.where(rng.random(300) < gain, 1, low)
+            if not gain:  # a cut of one example in 300, in 39 that disagree: no count of seeds finds a quarter of it
+                high = low.copy()
+                high[np.flatnonzero(low == 0)[:20]], high[np.flatnonzero(low == 1)[:19]] = 1, 0
+            cuts[f].append(high.mean() - low.mean())
+            for r, c in ((32, high), (1, low)):
+                wall = (4000.0 if f == "smollm2_135m" else 9000.0) + 100 * seed + r
+                resumed = f == "gemma3_270m" and r == 1 and seed == 2
+                _stage3_record(runs / f"{f}-{r}-{seed}", f, r, seed, c, wall, resumed=resumed)
+                walls += [] if resumed else [wall]
+        decoys = {"seed0": dict(seed=0), "rank8": dict(r=8), "t1": dict(execution={"threads": 1}),
+                  "commit": dict(execution={"qft_commit": "93e4679"}), "edited": dict(execution={"qft_edited": True}),
+                  "steps500": dict(steps=500), "train8000": dict(train_size=8000), "failed": dict(status="error")}
+        for name, kw in decoys.items():
+            args = {"family": f, "r": 32, "seed": 1, "correct": low, "wall": 1.0, **kw}
+            _stage3_record(runs / f"a-{name}-{f}", **args)  # sorted before the real ones: a wrong filter keeps it
+    return cuts, walls
 
 
 def test_finding1_ng20s_seed_rule_reads_exactly_each_familys_six_stage3_records(tmp_path):
-    """experiments/finding1_ng20/seeds.py (the seed rule its plans declare) takes each family's (32, 32) and (1, 1)
-    records of seeds 1-3 at qft b8e49f7 and 2 threads, and nothing else under the folder: M is a quarter of the mean
-    cut, the power tool runs on exactly those six folders, n = max(n_1, n_2, 3), h averages the records made in one
-    invocation; with a record missing it refuses in one line, exit 2."""
+    """experiments/finding1_ng20/seeds.py (the seed rule the plans declare) takes each family's (32, 32) and (1, 1)
+    records of seeds 1-3 at qft b8e49f7 unedited, 2 threads, 250 steps, in the regime, and nothing else: M is a quarter
+    of the mean cut, the power tool runs on exactly those six, n = max(n_1, n_2, 3) and finding 1's hours(n), h over
+    the records made in one invocation; ">100" goes to each study's rule; a record missing or two records of one cell
+    refuse in one line, exit 2."""
     import re
+    import shutil
     import subprocess
     import sys
 
     import numpy as np
 
-    rng = np.random.default_rng(3)
-    runs, cuts, walls = tmp_path / "runs", {}, []
-    for f, gain in (("smollm2_135m", 0.10), ("gemma3_270m", 0.06)):
-        cuts[f] = []
-        for seed in (1, 2, 3):
-            low = (rng.random(300) < 0.6).astype(int)
-            high = np.where(rng.random(300) < gain, 1, low)
-            cuts[f].append(high.mean() - low.mean())
-            for r, c in ((32, high), (1, low)):
-                wall = 4000.0 + 100 * seed + r
-                resumed = f == "gemma3_270m" and r == 1 and seed == 2
-                _stage3_record(runs / f"{f}-{r}-{seed}", f, r, seed, c, wall, resumed=resumed)
-                walls += [] if resumed else [wall]
-        _stage3_record(runs / f"{f}-32-0", f, 32, 0, high, 1.0)  # the screen's seed 0
-        _stage3_record(runs / f"{f}-8-1", f, 8, 1, high, 1.0)  # the curve's (8, 8)
-        _stage3_record(runs / f"{f}-32-1-t1", f, 32, 1, low, 1.0, threads=1)  # another thread count
-    cmd = [sys.executable, "experiments/finding1_ng20/seeds.py", "--family", "3", "--runs", str(runs)]
-    got = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    out.mkdir()
+    cuts, walls = _stage3(runs, {"smollm2_135m": 0.10, "gemma3_270m": 0.06})
+
+    def seeds(*args):
+        return subprocess.run([sys.executable, "experiments/finding1_ng20/seeds.py", "--runs", str(runs), "--out",
+                               str(out), *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+    got = seeds("--study", "finding1_ng20")
     assert got.returncode == 0, got.stderr[-2000:]
-    out = got.stdout
     counts = []
-    for f in cuts:
-        section = out.split(f"## {f}")[1].split("## ")[0]
+    for f, short in (("smollm2_135m", "smollm2"), ("gemma3_270m", "gemma3")):
+        section = (out / f"power_{short}.txt").read_text()
         delta = 0.25 * np.mean(cuts[f])
-        assert f"M = 0.25 x that = {delta:.6f}" in section
-        command = re.search(r"^\$ python -m qft.tools.power (.*)$", section, re.M).group(1).split()
-        assert sorted(Path(p).name for p in command[:6]) == sorted(f"{f}-{r}-{s}" for r in (32, 1) for s in (1, 2, 3))
-        assert command[6:] == ["--delta", f"{delta:.6f}", "--family", "3"]
+        assert f"## {f}" in section and f"M = 0.25 x that = {delta:.6f}" in section
+        first = re.search(r"^\$ python -m qft.tools.power (.*)$", section, re.M).group(1).split()
+        assert sorted(Path(p).name for p in first[:6]) == sorted(f"{f}-{r}-{s}" for r in (32, 1) for s in (1, 2, 3))
+        assert first[6:] == ["--delta", f"{delta:.6f}", "--family", "3"]
         row = re.search(r"^\| 2000 \|.*$", section, re.M).group(0).split("|")
-        n_f = max(int(row[4]), int(row[5]))
-        assert f"n_{f} = {n_f}" in section
-        counts.append(n_f)
-    h = np.mean(walls) / 3600
-    assert f"n = max(n_1, n_2, 3) = {max(*counts, 3)}; h = {h:.3f} hours" in out and "11 of 12 records" in out
+        counts.append(max(int(row[4]), int(row[5])))
+        assert f"n_{f} = {counts[-1]}" in section and section.endswith(got.stdout)
+    n, h = max(*counts, 3), np.mean(walls) / 3600
+    assert got.stdout.splitlines()[0] == f"h = {h:.3f} hours (the mean wall_seconds of the 11 of 12 records made in " \
+                                         "one invocation)"
+    hours = 2 * (4 * n - 6) * h
+    fit = max(k for k in range(3, 101) if 2 * (4 * k - 6) * h <= 60)
+    assert hours > 60  # the plan's 60-hour cap applies to these records (its other branch: the second study below)
+    assert f"n = max(n_1, n_2, 3) = {n}, hours(n) = {hours:.1f} > 60: n = the largest with hours(n) <= 60, never " \
+           f"under 3: {fit}" in got.stdout
+    assert f"--family 3 --simulate {fit}" in (out / "power_gemma3.txt").read_text()
+    # a family whose cut is tiny: ">100" seeds, which each study's rule reads its own way
+    shutil.rmtree(runs)
+    _stage3(runs, {"smollm2_135m": 0.10, "gemma3_270m": 0})
+    got = seeds("--study", "finding1_ng20")
+    h = float(re.search(r"^h = ([0-9.]+) hours", got.stdout, re.M).group(1))
+    fit = max(k for k in range(3, 101) if 2 * (4 * k - 6) * h <= 60)
+    assert got.returncode == 0 and f"left to the budget: the largest n with hours(n) = 2 x (4n - 6) x h <= 60, never " \
+                                   f"under 3: n = {fit}" in got.stdout
+    got = seeds("--study", "finding3_ng20")
+    assert got.returncode == 0 and "a column reads >100: the study is not run" in got.stdout
+    got = seeds("--study", "finding2_ng20", "--family", "5")
+    assert got.returncode == 0 and "a column reads >100: k = 5 does not fit" in got.stdout
+    assert "--family 5" in (out / "power_gemma3_k5.txt").read_text()  # one file a k it prices
+    assert "--simulate" not in (out / "power_smollm2.txt").read_text()
+    assert seeds("--study", "finding2_ng20").returncode == 2  # its k is required
+    # refusals: a second record of one cell, a record missing
+    shutil.copytree(runs / "gemma3_270m-1-3", runs / "z-copy")
+    got = seeds("--study", "finding3_ng20")
+    assert got.returncode == 2 and got.stderr.count("\n") == 1 and "two records of gemma3_270m (1, 1) seed 3" in got.stderr
+    shutil.rmtree(runs / "z-copy")
     (runs / "gemma3_270m-1-3" / "result.json").unlink()
-    got = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    got = seeds("--study", "finding1_ng20")
     assert got.returncode == 2 and got.stdout == "" and got.stderr.count("\n") == 1
     assert "lacks 1 of its 12 records: gemma3_270m (1, 1) seed 3" in got.stderr
