@@ -29,6 +29,17 @@ def spread_lora_b(net) -> None:
                 p.normal_(std=0.2, generator=torch.Generator().manual_seed(zlib.crc32(n.encode())))
 
 
+def write_test_examples(folder: Path, correct) -> None:
+    """`folder`/examples.npz as run.run keeps a final test evaluation, from per-example correctness `correct` (0/1):
+    ids 0..n-1 (as strings), gold 0 and the prediction right or wrong by `correct`."""
+    import numpy as np
+
+    n = len(correct)
+    np.savez(folder / "examples.npz", **{"final.test.index": np.arange(n), "final.test.id": np.arange(n).astype(str),
+                                         "final.test.gold": np.zeros(n, int), "final.test.pred": 1 - correct,
+                                         "final.test.correct": np.asarray(correct).astype(bool)})
+
+
 def make_cfg(*overrides, tiny=True):
     """The config as a run reads it: composed, then completed (qft.schema.complete)."""
     with initialize_config_dir(CONF, version_base="1.3"):

@@ -572,15 +572,13 @@ def test_the_gates_lane_runs_its_lines_of_each_stage_in_order(tmp_path):
     assert "train.steps=500" in calls[-1]
 
 
-
 def _stage3_record(folder: Path, family: str, r: int, seed: int, correct, wall: float, resumed: bool = False,
-                   status: str = "ok", execution: dict | None = None, **data) -> None:
+                   status: str = "ok", execution: dict | None = None, steps: int = 250, **data) -> None:
     """A stage-3 ng20 record as run.run writes one (config, execution, per-example scores), for seeds.py; `data`,
-    `execution` and `status` make the decoys it must leave out."""
+    `steps`, `execution` and `status` make the decoys it must leave out."""
     import json
 
-    import numpy as np
-
+    from conftest import write_test_examples
     from qft import record
 
     folder.mkdir(parents=True)
@@ -588,20 +586,15 @@ def _stage3_record(folder: Path, family: str, r: int, seed: int, correct, wall: 
               "data": {"source": "twenty_newsgroups", "max_length": 256, "train_size": 4000, "val_size": 200,
                        "test_size": 2000, "test_stream": "own", "split_seed": 0, **data},
               "quant": {"compute_dtype": "bf16", "attn": {"bits": 4, "quant_type": "nf4"}},
-              "adapter": {"attn": {"r": r}, "mlp": {"r": r}}, "train": {"steps": 250, "eval_batch_size": 32}}
-    if "steps" in data:
-        config["train"]["steps"] = config["data"].pop("steps")
-    n = len(correct)
-    np.savez(folder / "examples.npz", **{"final.test.index": np.arange(n), "final.test.id": np.arange(n).astype(str),
-                                         "final.test.gold": np.zeros(n, int), "final.test.pred": 1 - correct,
-                                         "final.test.correct": correct.astype(bool)})
+              "adapter": {"attn": {"r": r}, "mlp": {"r": r}}, "train": {"steps": steps, "eval_batch_size": 32}}
+    write_test_examples(folder, correct)
     run_kind = {"qft_commit": "b8e49f7ba16a95f0f1bdd4e6f6d791c9cc8d9d33", "qft_edited": False, "cpu": "AMD EPYC",
                 "cpu_kind": "avx512_bf16", "threads": 2, "compute_dtype": "bf16", "torch": "2.13.0+cpu",
                 **(execution or {})}
     (folder / "result.json").write_text(json.dumps({
         "status": status, "config": config, "config_hash": record.config_hash(config), "seed": seed,
         "trainable_params": {"total": 10 * r}, "final_accuracy": {"test": float(correct.mean()), "val": 0.5},
-        "data": {"sizes": {"val": 200, "test": n}}, "train_seconds": wall / 2, "wall_seconds": wall,
+        "data": {"sizes": {"val": 200, "test": len(correct)}}, "train_seconds": wall / 2, "wall_seconds": wall,
         "execution": run_kind, "examples": "examples.npz",
         **({"execution_history": [run_kind, run_kind]} if resumed else {})}))
 

@@ -9,7 +9,7 @@ from scipy import stats as st
 
 from qft import record, stats
 from qft.tools import report
-from conftest import make_cfg
+from conftest import make_cfg, write_test_examples
 
 BF16 = {"cpu": "AMD EPYC", "cpu_kind": "avx512_bf16", "threads": 2, "compute_dtype": "bf16", "torch": "2.13.0"}
 FP32 = {"cpu": "AMD EPYC", "cpu_kind": "avx2", "threads": 2, "compute_dtype": "fp32", "torch": "2.13.0"}
@@ -34,10 +34,7 @@ def _record(folder: Path, r: int, seed: int, correct: np.ndarray, execution: dic
     config = {"experiment": "unit", "seed": seed, "model": {"name": "m"}, "data": {"source": "bbc"},
               "quant": {"compute_dtype": dtype}, "adapter": {"attn": {"r": r}, "mlp": {"r": r}},
               "train": {"eval_batch_size": 32}}
-    n = len(correct)
-    np.savez(folder / "examples.npz", **{"final.test.index": np.arange(n), "final.test.id": np.arange(n).astype(str),
-                                         "final.test.gold": np.zeros(n, int), "final.test.pred": 1 - correct,
-                                         "final.test.correct": correct.astype(bool)})
+    write_test_examples(folder, correct)
     (folder / "result.json").write_text(json.dumps({
         "status": "ok", "config": config, "config_hash": record.config_hash(config), "seed": seed,
         "trainable_params": {"total": 10 * r, "per_layer_type": {"attn": 4 * r, "mlp": 6 * r}},

@@ -12,10 +12,11 @@ a k each) to --out, a family each with the common lines after it; it refuses, ex
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 from pathlib import Path
+
+from qft.errors import QftError
+from qft.tools import power
 
 FAMILIES = {"smollm2_135m": "smollm2", "gemma3_270m": "gemma3"}  # model.name: the plans' file name
 RANKS = (32, 1)
@@ -34,20 +35,23 @@ def stage3(runs: Path) -> dict:
     """{(family, rank, seed): (folder, record)} of the ok stage-3 ng20 records under `runs`: the regime's data, rank r
     on both module types, 250 steps, NF4, qft COMMIT unedited at THREADS threads; Refused where two match one key."""
     out = {}
-    for path in sorted(runs.glob("*/result.json")):
-        rec = json.loads(path.read_text())
+    try:
+        found = power.runs([runs])  # the ok records, read as the power tool reads them
+    except QftError:
+        found = []  # none yet: the caller names the twelve it lacks
+    for folder, rec in found:
         c, e = rec.get("config") or {}, rec.get("execution") or {}
         a = c.get("adapter") or {}
         r = (a.get("attn") or {}).get("r")
         key = ((c.get("model") or {}).get("name"), r, rec.get("seed"))
-        if (rec.get("status") == "ok" and all((c.get("data") or {}).get(k) == v for k, v in REGIME.items())
+        if (all((c.get("data") or {}).get(k) == v for k, v in REGIME.items())
                 and r == (a.get("mlp") or {}).get("r") and (c.get("train") or {}).get("steps") == 250
                 and ((c.get("quant") or {}).get("attn") or {}).get("quant_type") == "nf4"
                 and str(e.get("qft_commit", "")).startswith(COMMIT) and e.get("qft_edited") is False
                 and e.get("threads") == THREADS and key[0] in FAMILIES and r in RANKS and key[2] in SEEDS):
             if key in out:
-                raise Refused(f"two records of {key[0]} ({r}, {r}) seed {key[2]}: {out[key][0]} and {path.parent}")
-            out[key] = (path.parent, rec)
+                raise Refused(f"two records of {key[0]} ({r}, {r}) seed {key[2]}: {out[key][0]} and {folder}")
+            out[key] = (folder, rec)
     return out
 
 
@@ -60,12 +64,14 @@ def seeds_column(text: str, rows: int = 2000) -> tuple[int | None, int | None]:
     raise ValueError(f"the power tool printed no row for {rows} test examples")
 
 
-def power(folders: list[str], delta: float, family: int, simulate: int | None = None) -> tuple[str, str]:
-    """(the command line, the power tool's output) on `folders` at `delta` and `family` (and `simulate` seeds)."""
-    command = ["-m", "qft.tools.power", *folders, "--delta", f"{delta:.6f}", "--family", str(family),
-               *(["--simulate", str(simulate)] if simulate else [])]
-    return f"$ python {' '.join(command)}", subprocess.run([sys.executable, *command], capture_output=True, text=True,
-                                                           check=True).stdout
+def table(folders: list[str], delta: float, family: int, simulate: int | None = None) -> tuple[str, str]:
+    """(the command line, the power tool's output, as that line prints it) on `folders` at `delta` (to 6 decimals,
+    as the line shows it) and `family` (and `simulate` seeds)."""
+    shown = f"{delta:.6f}"
+    line = " ".join(["$ python -m qft.tools.power", *folders, "--delta", shown, "--family", str(family),
+                     *(["--simulate", str(simulate)] if simulate else [])])
+    got = power.plan(folders, float(shown), float(shown), 0.05, family, None, "accuracy", simulate=simulate)
+    return line, got + "\n"
 
 
 def rule(study: str, family: int, found: dict) -> tuple[dict[str, str], str]:
@@ -78,7 +84,7 @@ def rule(study: str, family: int, found: dict) -> tuple[dict[str, str], str]:
         if cut <= 0:
             raise Refused(f"{f}'s mean 32 -> 1 cut over seeds 1-3 is {cut:+.4f}: no margin to size seeds for")
         deltas[f], folders[f] = 0.25 * cut, [str(found[(f, r, s)][0]) for r in RANKS for s in SEEDS]
-        command, got = power(folders[f], deltas[f], family)
+        command, got = table(folders[f], deltas[f], family)
         find, show = seeds_column(got)
         counts.append(None if find is None or show is None else max(find, show))
         name = f"power_{short}{f'_k{family}' if study == 'finding2_ng20' else ''}.txt"  # finding2_ng20 prices each k
@@ -112,7 +118,7 @@ def rule(study: str, family: int, found: dict) -> tuple[dict[str, str], str]:
         common.append(f"n = max(n_1, n_2, 3) = {n}")
     if n is not None:
         for f, name in zip(FAMILIES, sections):  # described only: the seed component rests on 2 degrees of freedom
-            command, got = power(folders[f], deltas[f], family, simulate=n)
+            command, got = table(folders[f], deltas[f], family, simulate=n)
             sections[name] += f"\nDescribed only, at n = {n}:\n\n{command}\n{got}"
     tail = "\n".join(common) + "\n"
     return {name: text + "\n" + tail for name, text in sections.items()}, tail
@@ -139,7 +145,7 @@ def main(argv=None) -> int:
         if missing:
             raise Refused(f"--runs={args.runs}: stage 3 lacks {len(missing)} of its 12 records: {', '.join(missing)}")
         files, tail = rule(args.study, family, found)
-    except Refused as e:
+    except (Refused, QftError) as e:
         print(f"seeds.py: error: {e}", file=sys.stderr)
         return 2
     for name, text in files.items():
