@@ -18,8 +18,8 @@ if [ "${1:-}" = "confirm" ]; then stages="confirm.txt:$CONFIRM_COMMIT:1 confirm_
 python=${PYTHON:-$repo/.venv/bin/python}
 out=$repo/results/sensitivity_gate/runs
 logs=${TMPDIR:-/tmp}
-commit_of() { local c=${1#*:}; echo "${c%%:*}"; }
-checkout_of() { echo "${GATE_CHECKOUT:-$(dirname "$repo")/qft-sensitivity-gate-${GATE_COMMIT:-$(commit_of "$1")}}"; }
+commit_of() { local c=${1#*:}; echo "${GATE_COMMIT:-${c%%:*}}"; }  # a stage file:commit:threads's commit
+checkout_of() { echo "${GATE_CHECKOUT:-$(dirname "$repo")/qft-sensitivity-gate-$(commit_of "$1")}"; }
 if [ "${1:-}" = "--lane" ]; then
   for stage in $3; do
     checkout=$(checkout_of "$stage")
@@ -40,7 +40,7 @@ if pgrep -f "qft \+experiment=sensitivity_gate( |$)" > /dev/null; then
 fi
 for stage in $stages; do
   checkout=$(checkout_of "$stage")
-  [ -d "$checkout" ] || { git worktree prune; git worktree add --detach "$checkout" "${GATE_COMMIT:-$(commit_of "$stage")}" > /dev/null; }
+  [ -d "$checkout" ] || { git worktree prune; git worktree add --detach "$checkout" "$(commit_of "$stage")" > /dev/null; }
 done
 mkdir -p "$out"
 [ "${1:-}" = "--prepare" ] && exit 0
