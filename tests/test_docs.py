@@ -696,3 +696,11 @@ def test_finding1_ng20s_seed_rule_reads_exactly_each_familys_six_stage3_records(
     got = seeds("--study", "finding1_ng20")
     assert got.returncode == 2 and got.stdout == "" and got.stderr.count("\n") == 1
     assert "lacks 1 of its 12 records: gemma3_270m (1, 1) seed 3" in got.stderr
+    # a record that cannot be read is named as such, not counted as missing; a --runs that is not there likewise
+    (runs / "gemma3_270m-1-3" / "result.json").write_text('{"status": "ok", "config": ')
+    got = seeds("--study", "finding1_ng20")
+    assert got.returncode == 2 and got.stderr.count("\n") == 1 and "lacks" not in got.stderr
+    assert "gemma3_270m-1-3/result.json is not a readable record (1 such" in got.stderr
+    shutil.rmtree(runs)
+    got = seeds("--study", "finding1_ng20")
+    assert got.returncode == 2 and got.stderr.count("\n") == 1 and "RECORDS=" in got.stderr
