@@ -572,6 +572,67 @@ def test_the_gates_lane_runs_its_lines_of_each_stage_in_order(tmp_path):
     assert "train.steps=500" in calls[-1]
 
 
+def test_a_study_runs_from_its_jobs_file_only_once_its_seeds_are_amended(tmp_path):
+    """`run.sh STUDY` refuses, in one line and exit 2, a STUDY without jobs.txt or with a plan that lacks
+    seeds_amended; its lane runs its lines into results/STUDY/runs (finding1_ng20's, here with a stand-in python)."""
+    import subprocess
+
+    script = ROOT / "experiments" / "sensitivity_gate" / "run.sh"
+    study = tmp_path / "repo" / "experiments" / "demo"
+    study.mkdir(parents=True)
+    (study / "plan_a.yaml").write_text("seeds_amended: [1, 2, 3]\n")
+    (study / "plan_b.yaml").write_text("# seeds_amended: [1, 2, 3] in a comment is not the key\nseeds: [1]\n")
+
+    def start(name):
+        got = subprocess.run(["bash", str(script), name, "--prepare"], cwd=tmp_path / "repo", capture_output=True,
+                             text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "GATE_CHECKOUT": str(tmp_path / "wt")})
+        assert got.returncode == 2 and got.stdout == "" and got.stderr.count("\n") == 1, got.stderr
+        assert not (tmp_path / "wt").exists() and not (tmp_path / "repo" / "results").exists()
+        return got.stderr
+
+    assert "STUDY=demo: a folder of experiments/ with a jobs.txt" in start("demo")
+    (study / "jobs.txt").write_text("A seed=1\n")
+    assert "demo/plan_b.yaml has no seeds_amended" in start("demo")
+    assert "STUDY=nowhere" in start("nowhere")
+
+    fake = tmp_path / "python"
+    fake.write_text('#!/bin/bash\necho "$PWD $OMP_NUM_THREADS $*" >> "$TMPDIR/calls"\n')
+    fake.chmod(0o755)
+    (tmp_path / "wt").mkdir()
+    got = subprocess.run(["bash", str(script), "--lane", "A", "finding1_ng20/jobs.txt:c1:2"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60,
+                         env={"PATH": "/usr/bin:/bin", "PYTHON": str(fake), "TMPDIR": str(tmp_path),
+                              "GATE_CHECKOUT": str(tmp_path / "wt")})
+    assert got.returncode == 0, got.stderr
+    jobs = (ROOT / "experiments" / "finding1_ng20" / "jobs.txt").read_text().splitlines()
+    want = [line[2:] for line in jobs if line.startswith("A ")]
+    sweep = f"-m qft +experiment=sensitivity_gate hydra.sweep.dir={ROOT}/results/finding1_ng20/runs"
+    assert len(want) >= 12 and (tmp_path / "calls").read_text().splitlines() == [
+        f"{tmp_path / 'wt'} 2 {sweep} {line}" for line in want]
+
+
+def test_finding1_ng20s_jobs_with_the_gates_records_make_every_cell_of_its_plans_for_seeds_1_to_3():
+    """finding1_ng20/jobs.txt opens, seed by seed for seeds 1-3, with the cells of its plans that the gate's stage 3
+    did not run, in the regime of the plans' records; the seeds amendment adds seeds 4..n after them."""
+    import yaml
+
+    here = ROOT / "experiments" / "finding1_ng20"
+    regime = ("data=twenty_newsgroups data.max_length=256 data.train_size=4000 data.val_size=200 "
+              "data.test_size=2000 data.test_stream=own")
+    family = {"smollm2_135m": "", "gemma3_270m": "model=gemma3_270m "}
+    cells = set()
+    for name in ("plan_smollm2.yaml", "plan_gemma3.yaml"):
+        plan = yaml.safe_load((here / name).read_text())
+        for c in plan["contrasts"] + plan["controls"]:
+            cells |= {(side["model.name"], side["attn_r"], side["mlp_r"]) for side in (c["a"], c["b"])}
+    assert len(cells) == 8
+    gate = {(f, r, r) for f in family for r in (32, 1)}
+    want = [f"A adapter.attn.r={a} adapter.mlp.r={m} {family[f]}{regime} seed={seed}"
+            for seed in (1, 2, 3) for f in family for (g, a, m) in sorted(cells - gate) if g == f]
+    got = [line for line in (here / "jobs.txt").read_text().splitlines() if not line.startswith("#")]
+    assert got[:12] == want
+
+
 def _stage3_record(folder: Path, family: str, r: int, seed: int, correct, wall: float, resumed: bool = False,
                    status: str = "ok", execution: dict | None = None, steps: int = 250, **data) -> None:
     """A stage-3 ng20 record as run.run writes one (config, execution, per-example scores), for seeds.py; `data`,

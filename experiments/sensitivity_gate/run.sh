@@ -4,27 +4,43 @@
 # stages 1 and 2 (jobs.txt), at qft 93e4679, the commit of plan.yaml, then stage 4's (harder.txt) at HARDER_COMMIT,
 # the commit of the amendment of 2026-12-07 14:45 UTC, at 1 thread; the confirmation's (`run.sh confirm`) at
 # CONFIRM_COMMIT, the commit of the amendment of 08:25 UTC: r8_few's (confirm.txt) at 1 thread, then ng20's
-# (confirm_ng20.txt, lane A alone, note of 16:17 UTC) at 2. GATE_COMMIT overrides the commit of every file,
-# GATE_CHECKOUT the checkout (default beside this repository, named by the commit); PYTHON is this checkout's .venv. The records land in this checkout's
-# results/sensitivity_gate/runs, where a done run is skipped and a killed one resumes from its checkpoint, so a
-# restart is the same command. Output and the lanes' start/end lines go to $TMPDIR (default /tmp).
-#   bash experiments/sensitivity_gate/run.sh [confirm]  # --prepare: make the checkouts, start nothing
+# (confirm_ng20.txt, lane A alone, note of 16:17 UTC) at 2. `run.sh STUDY` runs a study of the ng20 regime
+# (experiments/STUDY/jobs.txt, e.g. finding1_ng20) from the stage-3 checkout at 2 threads, and refuses until each of
+# its plans carries seeds_amended. A file named without a folder is the gate's. GATE_COMMIT overrides the commit of
+# every file, GATE_CHECKOUT the checkout (default beside this repository, named by the commit); PYTHON is this
+# checkout's .venv. The records land in this checkout's results/<the file's folder>/runs, where a done run is skipped
+# and a killed one resumes from its checkpoint, so a restart is the same command. Output and the lanes' start/end
+# lines go to $TMPDIR (default /tmp).
+#   bash experiments/sensitivity_gate/run.sh [confirm | STUDY]  # --prepare: make the checkouts, start nothing
 set -euo pipefail
 repo=$PWD
 CONFIRM_COMMIT=b8e49f7
 HARDER_COMMIT=da674d9
 stages="jobs.txt:93e4679:1 harder.txt:$HARDER_COMMIT:1"  # file:commit:threads
-if [ "${1:-}" = "confirm" ]; then stages="confirm.txt:$CONFIRM_COMMIT:1 confirm_ng20.txt:$CONFIRM_COMMIT:2"; shift; fi
+if [ "${1:-}" = "confirm" ]; then stages="confirm.txt:$CONFIRM_COMMIT:1 confirm_ng20.txt:$CONFIRM_COMMIT:2"; shift
+elif [ -n "${1:-}" ] && [ "${1#-}" = "$1" ]; then
+  study=${1%/}
+  [ -f "$repo/experiments/$study/jobs.txt" ] || {
+    echo "run.sh: error: STUDY=$study: a folder of experiments/ with a jobs.txt, or confirm" >&2; exit 2; }
+  for plan in "$repo/experiments/$study"/plan*.yaml; do
+    grep -q "^seeds_amended:" "$plan" || {
+      echo "run.sh: error: $study/$(basename "$plan") has no seeds_amended: its seeds are fixed before its first run" >&2
+      exit 2; }
+  done
+  stages="$study/jobs.txt:$CONFIRM_COMMIT:2"; shift
+fi
 python=${PYTHON:-$repo/.venv/bin/python}
-out=$repo/results/sensitivity_gate/runs
 logs=${TMPDIR:-/tmp}
+file_of() { local f=${1%%:*}; [ "${f#*/}" = "$f" ] && f=sensitivity_gate/$f; echo "$f"; }  # under experiments/
 commit_of() { local c=${1#*:}; echo "${GATE_COMMIT:-${c%%:*}}"; }  # a stage file:commit:threads's commit
 checkout_of() { echo "${GATE_CHECKOUT:-$(dirname "$repo")/qft-sensitivity-gate-$(commit_of "$1")}"; }
+out_of() { local f; f=$(file_of "$1"); echo "$repo/results/${f%%/*}/runs"; }
 if [ "${1:-}" = "--lane" ]; then
   for stage in $3; do
     checkout=$(checkout_of "$stage")
     threads=${stage##*:}
-    grep "^$2 " "$repo/experiments/sensitivity_gate/${stage%%:*}" | cut -d' ' -f2- | while IFS= read -r line; do
+    out=$(out_of "$stage")
+    grep "^$2 " "$repo/experiments/$(file_of "$stage")" | cut -d' ' -f2- | while IFS= read -r line; do
       echo "$(date -u +%FT%T) start $line" >> "$logs/gate-lane-$2.log"
       rc=0
       (cd "$checkout" && eval "OMP_NUM_THREADS=$threads PYTHONPATH=$checkout QFT_PROGRESS=0 $python -m qft \
@@ -41,8 +57,8 @@ fi
 for stage in $stages; do
   checkout=$(checkout_of "$stage")
   [ -d "$checkout" ] || { git worktree prune; git worktree add --detach "$checkout" "$(commit_of "$stage")" > /dev/null; }
+  mkdir -p "$(out_of "$stage")"
 done
-mkdir -p "$out"
 [ "${1:-}" = "--prepare" ] && exit 0
 for name in A B; do
   setsid nohup bash "$0" --lane "$name" "$stages" < /dev/null > /dev/null 2>&1 &
