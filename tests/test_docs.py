@@ -573,64 +573,86 @@ def test_the_gates_lane_runs_its_lines_of_each_stage_in_order(tmp_path):
 
 
 def test_a_study_runs_from_its_jobs_file_only_once_its_seeds_are_amended(tmp_path):
-    """`run.sh STUDY` refuses, in one line and exit 2, a STUDY without jobs.txt or with a plan that lacks
-    seeds_amended; its lane runs its lines into results/STUDY/runs (finding1_ng20's, here with a stand-in python)."""
+    """`run.sh STUDY` refuses, in one line and exit 2, the gate's own folder, a STUDY without jobs.txt or plans, or
+    one with a plan whose seeds_amended lists no seed; once every plan lists them it prepares the stage-3 checkout and
+    results/STUDY/runs, and its lane runs the study's lines there at 2 threads (a stand-in pgrep and python)."""
     import subprocess
 
     script = ROOT / "experiments" / "sensitivity_gate" / "run.sh"
-    study = tmp_path / "repo" / "experiments" / "demo"
+    repo, bin_ = tmp_path / "repo", tmp_path / "bin"
+    study = repo / "experiments" / "demo"
     study.mkdir(parents=True)
-    (study / "plan_a.yaml").write_text("seeds_amended: [1, 2, 3]\n")
-    (study / "plan_b.yaml").write_text("# seeds_amended: [1, 2, 3] in a comment is not the key\nseeds: [1]\n")
-
-    def start(name):
-        got = subprocess.run(["bash", str(script), name, "--prepare"], cwd=tmp_path / "repo", capture_output=True,
-                             text=True, timeout=60, env={"PATH": "/usr/bin:/bin", "GATE_CHECKOUT": str(tmp_path / "wt")})
-        assert got.returncode == 2 and got.stdout == "" and got.stderr.count("\n") == 1, got.stderr
-        assert not (tmp_path / "wt").exists() and not (tmp_path / "repo" / "results").exists()
-        return got.stderr
-
-    assert "STUDY=demo: a folder of experiments/ with a jobs.txt" in start("demo")
-    (study / "jobs.txt").write_text("A seed=1\n")
-    assert "demo/plan_b.yaml has no seeds_amended" in start("demo")
-    assert "STUDY=nowhere" in start("nowhere")
-
+    bin_.mkdir()
+    (bin_ / "pgrep").write_text("#!/bin/bash\nexit 1\n")  # no run going: the host's own runs are not the test's
     fake = tmp_path / "python"
     fake.write_text('#!/bin/bash\necho "$PWD $OMP_NUM_THREADS $*" >> "$TMPDIR/calls"\n')
-    fake.chmod(0o755)
-    (tmp_path / "wt").mkdir()
-    got = subprocess.run(["bash", str(script), "--lane", "A", "finding1_ng20/jobs.txt:c1:2"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=60,
-                         env={"PATH": "/usr/bin:/bin", "PYTHON": str(fake), "TMPDIR": str(tmp_path),
-                              "GATE_CHECKOUT": str(tmp_path / "wt")})
+    for f in (bin_ / "pgrep", fake):
+        f.chmod(0o755)
+    env = {"PATH": f"{bin_}:/usr/bin:/bin", "PYTHON": str(fake), "TMPDIR": str(tmp_path)}
+
+    def start(*args, cwd=repo):
+        return subprocess.run(["bash", str(script), *args], cwd=cwd, capture_output=True, text=True, timeout=60, env=env)
+
+    def refused(*args):
+        got = start(*args)
+        assert got.returncode == 2 and got.stdout == "" and got.stderr.count("\n") == 1, got.stderr
+        assert not (tmp_path / "qft-sensitivity-gate-b8e49f7").exists() and not (repo / "results").exists()
+        return got.stderr
+
+    assert "STUDY=demo: a folder of experiments/ with a jobs.txt" in refused("demo")
+    (study / "jobs.txt").write_text("A seed=1\nA seed=2\n")
+    assert "experiments/demo has no plan*.yaml" in refused("demo")
+    (study / "plan_a.yaml").write_text("seeds_amended: [1, 2, 3]\n")
+    (study / "plan_b.yaml").write_text("# seeds_amended: [1, 2, 3] in a comment is not the key\nseeds: [1]\n")
+    assert "demo/plan_b.yaml has no seeds_amended" in refused("demo")
+    (study / "plan_b.yaml").write_text("seeds_amended: []\n")
+    assert "demo/plan_b.yaml has no seeds_amended" in refused("demo")
+    for name in ("nowhere", "sensitivity_gate", "demo/x", "../demo"):
+        assert f"STUDY={name}" in refused(name)
+    assert "allowed: [confirm | STUDY] [--prepare]" in refused("--prepare", "demo")
+    (study / "plan_b.yaml").write_text("seeds_amended: [1, 2]\n")
+    (tmp_path / "qft-sensitivity-gate-b8e49f7").mkdir()  # the stage-3 checkout, named by its commit, made already
+    got = start("demo/", "--prepare")
+    assert got.returncode == 0 and got.stdout == got.stderr == "" and (repo / "results" / "demo" / "runs").is_dir()
+    got = start("--lane", "A", "demo/jobs.txt:b8e49f7:2")
     assert got.returncode == 0, got.stderr
-    jobs = (ROOT / "experiments" / "finding1_ng20" / "jobs.txt").read_text().splitlines()
-    want = [line[2:] for line in jobs if line.startswith("A ")]
-    sweep = f"-m qft +experiment=sensitivity_gate hydra.sweep.dir={ROOT}/results/finding1_ng20/runs"
-    assert len(want) >= 12 and (tmp_path / "calls").read_text().splitlines() == [
-        f"{tmp_path / 'wt'} 2 {sweep} {line}" for line in want]
+    sweep = f"-m qft +experiment=sensitivity_gate hydra.sweep.dir={repo}/results/demo/runs"
+    assert (tmp_path / "calls").read_text().splitlines() == [
+        f"{tmp_path / 'qft-sensitivity-gate-b8e49f7'} 2 {sweep} seed={s}" for s in (1, 2)]
+    # a lane with no lines in one stage goes on to the next; a jobs file that is not there stops it
+    (study / "more.txt").write_text("B seed=7\n")
+    got = start("--lane", "B", "demo/jobs.txt:b8e49f7:2 demo/more.txt:b8e49f7:3")
+    assert got.returncode == 0 and (tmp_path / "calls").read_text().splitlines()[2:] == [
+        f"{tmp_path / 'qft-sensitivity-gate-b8e49f7'} 3 {sweep} seed=7"]
+    got = start("--lane", "B", "demo/none.txt:b8e49f7:2 demo/more.txt:b8e49f7:3")
+    assert got.returncode != 0 and "none.txt" in got.stderr and (tmp_path / "calls").read_text().count("\n") == 3
 
 
-def test_finding1_ng20s_jobs_with_the_gates_records_make_every_cell_of_its_plans_for_seeds_1_to_3():
-    """finding1_ng20/jobs.txt opens, seed by seed for seeds 1-3, with the cells of its plans that the gate's stage 3
-    did not run, in the regime of the plans' records; the seeds amendment adds seeds 4..n after them."""
+def test_finding1_ng20s_jobs_with_the_gates_records_make_every_cell_of_its_plans():
+    """finding1_ng20/jobs.txt runs, seed by seed, its plans' cells that the gate's stage 3 did not run (seeds 1-3),
+    then all four cells of each later seed the plans list, each in the regime of the gate's stage-3 jobs (so a copied
+    stage-3 record is the same cell), one line a run."""
     import yaml
 
     here = ROOT / "experiments" / "finding1_ng20"
-    regime = ("data=twenty_newsgroups data.max_length=256 data.train_size=4000 data.val_size=200 "
-              "data.test_size=2000 data.test_stream=own")
+    gate_jobs = (ROOT / "experiments" / "sensitivity_gate" / "confirm_ng20.txt").read_text().splitlines()
+    regime = {" ".join(w for w in line.split()[1:] if not w.startswith(("adapter.", "seed=", "model=")))
+              for line in gate_jobs if line.startswith("A ")}
+    assert len(regime) == 1
+    regime = regime.pop()
     family = {"smollm2_135m": "", "gemma3_270m": "model=gemma3_270m "}
-    cells = set()
+    cells, seeds = set(), []
     for name in ("plan_smollm2.yaml", "plan_gemma3.yaml"):
         plan = yaml.safe_load((here / name).read_text())
         for c in plan["contrasts"] + plan["controls"]:
             cells |= {(side["model.name"], side["attn_r"], side["mlp_r"]) for side in (c["a"], c["b"])}
-    assert len(cells) == 8
+        seeds.append(plan.get("seeds_amended", [1, 2, 3]))
+    assert len(cells) == 8 and seeds[0] == seeds[1]
     gate = {(f, r, r) for f in family for r in (32, 1)}
     want = [f"A adapter.attn.r={a} adapter.mlp.r={m} {family[f]}{regime} seed={seed}"
-            for seed in (1, 2, 3) for f in family for (g, a, m) in sorted(cells - gate) if g == f]
-    got = [line for line in (here / "jobs.txt").read_text().splitlines() if not line.startswith("#")]
-    assert got[:12] == want
+            for seed in seeds[0] for f in family for (g, a, m) in sorted(cells - gate if seed <= 3 else cells)
+            if g == f]
+    assert [line for line in (here / "jobs.txt").read_text().splitlines() if not line.startswith("#")] == want
 
 
 def _stage3_record(folder: Path, family: str, r: int, seed: int, correct, wall: float, resumed: bool = False,
@@ -762,6 +784,13 @@ def test_finding1_ng20s_seed_rule_reads_exactly_each_familys_six_stage3_records(
     got = seeds("--study", "finding1_ng20")
     assert got.returncode == 2 and got.stderr.count("\n") == 1 and "lacks" not in got.stderr
     assert "gemma3_270m-1-3/result.json is not a readable record (1 such" in got.stderr
-    shutil.rmtree(runs)
+    (runs / "gemma3_270m-1-3" / "result.json").write_text('["a list, not a record"]')
+    assert "gemma3_270m-1-3/result.json is not a readable record" in seeds("--study", "finding1_ng20").stderr
+    for folder in runs.iterdir():  # a folder without one ok record: all twelve are missing
+        if folder.is_dir():
+            shutil.rmtree(folder)
     got = seeds("--study", "finding1_ng20")
-    assert got.returncode == 2 and got.stderr.count("\n") == 1 and "RECORDS=" in got.stderr
+    assert got.returncode == 2 and got.stderr.count("\n") == 1 and "lacks 12 of its 12 records" in got.stderr
+    runs.rmdir()
+    got = seeds("--study", "finding1_ng20")
+    assert got.returncode == 2 and got.stderr == f"seeds.py: error: --runs={runs}: not a folder\n"

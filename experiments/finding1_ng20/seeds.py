@@ -36,16 +36,16 @@ def stage3(runs: Path) -> dict:
     """{(family, rank, seed): (folder, record)} of the ok stage-3 ng20 records under `runs`: the regime's data, rank r
     on both module types, 250 steps, NF4, qft COMMIT unedited at THREADS threads; Refused where two match one key."""
     out = {}
-    if runs.is_dir():  # the power tool skips a record it cannot read: here it would pass for a missing one
-        bad = [f.parent for f in sorted(runs.rglob(record.RECORD)) if record.read(f.parent) is None]
-        if bad:
-            raise Refused(f"{bad[0] / record.RECORD} is not a readable record ({len(bad)} such under --runs={runs})")
+    if not runs.is_dir():
+        raise Refused(f"--runs={runs}: not a folder")
+    # the power tool skips a record it cannot read: here it would pass for a missing one
+    bad = [f.parent for f in sorted(runs.rglob(record.RECORD)) if not isinstance(record.read(f.parent), dict)]
+    if bad:
+        raise Refused(f"{bad[0] / record.RECORD} is not a readable record ({len(bad)} such under --runs={runs})")
     try:
         found = power.runs([runs])  # the ok records, read as the power tool reads them
-    except QftError as e:
-        if not runs.is_dir() or e.allowed != "no ok result records there":
-            raise
-        found = []  # none yet: the caller names the twelve it lacks
+    except QftError:  # the folder is there and every record reads: it holds no ok record yet
+        found = []  # the caller names the twelve it lacks
     for folder, rec in found:
         c, e = rec.get("config") or {}, rec.get("execution") or {}
         a = c.get("adapter") or {}

@@ -1,16 +1,16 @@
 #!/bin/bash
 # Start, or restart, the gate's two lanes, from the repository root. Each lane runs its lines of the stage's jobs files
 # in order, each file from a checkout pinned at the commit that declared it and at its thread count: the screen's,
-# stages 1 and 2 (jobs.txt), at qft 93e4679, the commit of plan.yaml, then stage 4's (harder.txt) at HARDER_COMMIT,
-# the commit of the amendment of 2026-12-07 14:45 UTC, at 1 thread; the confirmation's (`run.sh confirm`) at
-# CONFIRM_COMMIT, the commit of the amendment of 08:25 UTC: r8_few's (confirm.txt) at 1 thread, then ng20's
-# (confirm_ng20.txt, lane A alone, note of 16:17 UTC) at 2. `run.sh STUDY` runs a study of the ng20 regime
-# (experiments/STUDY/jobs.txt, e.g. finding1_ng20) from the stage-3 checkout at 2 threads, and refuses until each of
-# its plans carries seeds_amended. A file named without a folder is the gate's. GATE_COMMIT overrides the commit of
-# every file, GATE_CHECKOUT the checkout (default beside this repository, named by the commit); PYTHON is this
-# checkout's .venv. The records land in this checkout's results/<the file's folder>/runs, where a done run is skipped
-# and a killed one resumes from its checkpoint, so a restart is the same command. Output and the lanes' start/end
-# lines go to $TMPDIR (default /tmp).
+# stages 1 and 2 (jobs.txt), at qft 93e4679, the commit of plan.yaml, then stage 4's (harder.txt) at HARDER_COMMIT, the
+# commit of the amendment of 2026-12-07 14:45 UTC, at 1 thread; the confirmation's (`run.sh confirm`) at CONFIRM_COMMIT,
+# the commit of the amendment of 08:25 UTC: r8_few's (confirm.txt) at 1 thread, then ng20's (confirm_ng20.txt, lane A
+# alone, note of 16:17 UTC) at 2. `run.sh STUDY` runs a study of the ng20 regime (experiments/STUDY/jobs.txt, e.g.
+# finding1_ng20) from the stage-3 checkout at 2 threads, and refuses until every plan*.yaml there, the fixed-margin ones
+# too, lists its seeds_amended. A file named without a folder is the gate's. GATE_COMMIT overrides the commit of every
+# file, GATE_CHECKOUT the checkout (default beside this repository, named by the commit); PYTHON is this checkout's
+# .venv. The records land in this checkout's results/<the file's folder>/runs, where a done run is skipped and a killed
+# one resumes from its checkpoint, so a restart is the same command. Output and the lanes' start/end lines go to $TMPDIR
+# (default /tmp).
 #   bash experiments/sensitivity_gate/run.sh [confirm | STUDY]  # --prepare: make the checkouts, start nothing
 set -euo pipefail
 repo=$PWD
@@ -20,15 +20,25 @@ stages="jobs.txt:93e4679:1 harder.txt:$HARDER_COMMIT:1"  # file:commit:threads
 if [ "${1:-}" = "confirm" ]; then stages="confirm.txt:$CONFIRM_COMMIT:1 confirm_ng20.txt:$CONFIRM_COMMIT:2"; shift
 elif [ -n "${1:-}" ] && [ "${1#-}" = "$1" ]; then
   study=${1%/}
+  case $study in
+    sensitivity_gate|""|*[!A-Za-z0-9_]*)
+      echo "run.sh: error: STUDY=$1: the name of a study's folder of experiments/ (not the gate's), or confirm" >&2; exit 2;;
+  esac
   [ -f "$repo/experiments/$study/jobs.txt" ] || {
     echo "run.sh: error: STUDY=$study: a folder of experiments/ with a jobs.txt, or confirm" >&2; exit 2; }
-  for plan in "$repo/experiments/$study"/plan*.yaml; do
-    grep -q "^seeds_amended:" "$plan" || {
+  plans=$(find "$repo/experiments/$study" -maxdepth 1 -name "plan*.yaml" | sort)
+  [ -n "$plans" ] || { echo "run.sh: error: STUDY=$study: experiments/$study has no plan*.yaml" >&2; exit 2; }
+  for plan in $plans; do  # a list of seeds, not an empty key
+    grep -Eq "^seeds_amended: *\[ *[0-9]" "$plan" || {
       echo "run.sh: error: $study/$(basename "$plan") has no seeds_amended: its seeds are fixed before its first run" >&2
       exit 2; }
   done
   stages="$study/jobs.txt:$CONFIRM_COMMIT:2"; shift
 fi
+case "${1:-}${2:+ more}" in  # --prepare alone after the stage; --lane is the lanes' own call
+  ""|--prepare|--lane*) ;;
+  *) echo "run.sh: error: $*: allowed: [confirm | STUDY] [--prepare]" >&2; exit 2;;
+esac
 python=${PYTHON:-$repo/.venv/bin/python}
 logs=${TMPDIR:-/tmp}
 file_of() { local f=${1%%:*}; [ "${f#*/}" = "$f" ] && f=sensitivity_gate/$f; echo "$f"; }  # under experiments/
@@ -40,7 +50,7 @@ if [ "${1:-}" = "--lane" ]; then
     checkout=$(checkout_of "$stage")
     threads=${stage##*:}
     out=$(out_of "$stage")
-    grep "^$2 " "$repo/experiments/$(file_of "$stage")" | cut -d' ' -f2- | while IFS= read -r line; do
+    { grep "^$2 " "$repo/experiments/$(file_of "$stage")" || [ $? = 1 ]; } | cut -d' ' -f2- | while IFS= read -r line; do
       echo "$(date -u +%FT%T) start $line" >> "$logs/gate-lane-$2.log"
       rc=0
       (cd "$checkout" && eval "OMP_NUM_THREADS=$threads PYTHONPATH=$checkout QFT_PROGRESS=0 $python -m qft \
