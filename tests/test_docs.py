@@ -548,14 +548,21 @@ def test_the_gates_lanes_refuse_to_start_twice(tmp_path):
     assert got.stderr.splitlines() == [got.stderr.strip()] and "running already" in got.stderr
 
 
+def stand_in_python(tmp_path: Path) -> Path:
+    """A python for run.sh's lanes that writes down where, at how many threads and with what it was called, in
+    $TMPDIR/calls."""
+    fake = tmp_path / "python"
+    fake.write_text('#!/bin/bash\necho "$PWD $OMP_NUM_THREADS $*" >> "$TMPDIR/calls"\n')
+    fake.chmod(0o755)
+    return fake
+
+
 def test_the_gates_lane_runs_its_lines_of_each_stage_in_order(tmp_path):
     """A lane runs its lines of jobs.txt, then of harder.txt (stage 4), each stage from its checkout at its thread
     count; here with a stand-in python that writes down where, at how many threads and with what it was called."""
     import subprocess
 
-    fake = tmp_path / "python"
-    fake.write_text('#!/bin/bash\necho "$PWD $OMP_NUM_THREADS $*" >> "$TMPDIR/calls"\n')
-    fake.chmod(0o755)
+    fake = stand_in_python(tmp_path)
     (tmp_path / "wt").mkdir()
     got = subprocess.run(["bash", "experiments/sensitivity_gate/run.sh", "--lane", "B", "jobs.txt:c1:1 harder.txt:c2:3"],
                          cwd=ROOT, capture_output=True, text=True, timeout=60,
@@ -584,10 +591,8 @@ def test_a_study_runs_from_its_jobs_file_only_once_its_seeds_are_amended(tmp_pat
     study.mkdir(parents=True)
     bin_.mkdir()
     (bin_ / "pgrep").write_text("#!/bin/bash\nexit 1\n")  # no run going: the host's own runs are not the test's
-    fake = tmp_path / "python"
-    fake.write_text('#!/bin/bash\necho "$PWD $OMP_NUM_THREADS $*" >> "$TMPDIR/calls"\n')
-    for f in (bin_ / "pgrep", fake):
-        f.chmod(0o755)
+    (bin_ / "pgrep").chmod(0o755)
+    fake = stand_in_python(tmp_path)
     env = {"PATH": f"{bin_}:/usr/bin:/bin", "PYTHON": str(fake), "TMPDIR": str(tmp_path)}
 
     def start(*args, cwd=repo):
